@@ -1,0 +1,72 @@
+"""The events every source sends to the reconciler: one discriminated union.
+
+Events are pydantic models so the recorder can write them as JSON unchanged and
+the replayer can read them back. Sources only describe the world; the sync loop
+decides what the descriptions mean.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from trio_kubelet.model.pod import Pod
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class ManifestProblem(BaseModel):
+    """A manifest file (or one document in it) that could not be turned into a pod."""
+
+    model_config = ConfigDict(frozen=True)
+
+    file: str
+    reason: str
+
+
+class PodSetUpdate(_Event):
+    """The complete set of pods one source wants now (the PodConfig "SET" operation).
+
+    The sync loop diffs it against the previous set from the same source, so a
+    pod missing from the set is removed and a changed one is updated.
+    """
+
+    kind: Literal["pod_set"] = "pod_set"
+    source: str
+    pods: list[Pod]
+    problems: list[ManifestProblem] = Field(default_factory=list)
+
+
+class PodLifecycleEvent(_Event):
+    """A container or sandbox changed state between two PLEG relists."""
+
+    kind: Literal["pleg"] = "pleg"
+    pod_uid: str
+    type: Literal["ContainerStarted", "ContainerDied", "ContainerRemoved", "ContainerChanged"]
+    container_id: str
+
+
+class RelistDone(_Event):
+    """PLEG finished a relist (healthy) or failed one (runtime unreachable)."""
+
+    kind: Literal["relist"] = "relist"
+    ok: bool
+    duration: float = 0.0
+    error: str = ""
+
+
+class ResyncTick(_Event):
+    """Periodic resync of every pod (syncFrequency) and retry of pods whose sync failed."""
+
+    kind: Literal["resync"] = "resync"
+
+
+Event = Annotated[
+    PodSetUpdate | PodLifecycleEvent | RelistDone | ResyncTick,
+    Field(discriminator="kind"),
+]
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

@@ -1,0 +1,1 @@
+"""Kubernetes object models (pydantic v2) used by the agent."""

@@ -1,0 +1,1 @@
+"""The sync loop and pod workers: the only place that acts on decisions."""

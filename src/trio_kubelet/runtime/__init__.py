@@ -1,0 +1,1 @@
+"""Container runtime (CRI) access: generated messages, trio client, fake runtime."""

@@ -1,0 +1,1 @@
+"""Event sources: producers that turn the world into typed events."""
