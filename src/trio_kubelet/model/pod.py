@@ -18,7 +18,9 @@ RestartPolicy = Literal["Always", "OnFailure", "Never"]
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
 
 
 def _check_dns_label(value: str, what: str) -> str:
@@ -284,7 +286,10 @@ class PodSpec(KubeModel):
         volume_names = {v.name for v in self.volumes}
         if len(volume_names) != len(self.volumes):
             raise ValueError("volumes: duplicate volume name")
-        for field, group in (("initContainers", self.init_containers), ("containers", self.containers)):
+        for field, group in (
+            ("initContainers", self.init_containers),
+            ("containers", self.containers),
+        ):
             for index, container in enumerate(group):
                 for mount in container.volume_mounts:
                     if mount.name not in volume_names:

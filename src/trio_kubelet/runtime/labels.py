@@ -19,18 +19,35 @@ MANAGED_BY = "io.kubernetes.container.managed-by"  # marks objects created by a 
 MANAGED_BY_VALUE = "trio-kubelet"
 
 
-def sandbox_labels(uid: str, name: str, namespace: str, pod_labels: dict[str, str]) -> dict[str, str]:
+def sandbox_labels(
+    uid: str, name: str, namespace: str, pod_labels: dict[str, str]
+) -> dict[str, str]:
     """Pod labels plus the identity labels the agent relies on (which win on conflict)."""
-    return {**pod_labels, POD_UID: uid, POD_NAME: name, POD_NAMESPACE: namespace,
-            MANAGED_BY: MANAGED_BY_VALUE}
+    return {
+        **pod_labels,
+        POD_UID: uid,
+        POD_NAME: name,
+        POD_NAMESPACE: namespace,
+        MANAGED_BY: MANAGED_BY_VALUE,
+    }
 
 
 def container_labels(uid: str, name: str, namespace: str, container: str) -> dict[str, str]:
-    return {POD_UID: uid, POD_NAME: name, POD_NAMESPACE: namespace, CONTAINER_NAME: container,
-            MANAGED_BY: MANAGED_BY_VALUE}
+    return {
+        POD_UID: uid,
+        POD_NAME: name,
+        POD_NAMESPACE: namespace,
+        CONTAINER_NAME: container,
+        MANAGED_BY: MANAGED_BY_VALUE,
+    }
 
 
-def container_annotations(spec_hash: str, restart_count: int, container_type: str,
-                          grace_seconds: int) -> dict[str, str]:
-    return {CONTAINER_HASH: spec_hash, RESTART_COUNT: str(restart_count),
-            CONTAINER_TYPE: container_type, TERMINATION_GRACE: str(grace_seconds)}
+def container_annotations(
+    spec_hash: str, restart_count: int, container_type: str, grace_seconds: int
+) -> dict[str, str]:
+    return {
+        CONTAINER_HASH: spec_hash,
+        RESTART_COUNT: str(restart_count),
+        CONTAINER_TYPE: container_type,
+        TERMINATION_GRACE: str(grace_seconds),
+    }

@@ -1,0 +1,71 @@
+"""Developer and CI sessions: tests, lint, typecheck, protos, demo, bench, e2e.
+
+Sessions run in the current interpreter (no virtualenvs): `scripts/bootstrap` installs the
+project with its test and dev extras once, and CI does not download everything a second time.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "none"
+nox.options.sessions = ["lint", "typecheck", "protos", "tests"]
+# CI runs `nox -s lint typecheck protos tests` and must stop at the first failing session.
+nox.options.stop_on_first_error = True
+
+ROOT = Path(__file__).resolve().parent
+PYTHON = sys.executable
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Unit, property, scenario and integration tests (integration needs root + containerd).
+
+    Arguments after `--` replace the default path: `nox -s tests -- tests/integration -x`.
+    """
+    session.run(PYTHON, "-m", "pytest", "-q", "--ignore=tests/e2e", *(session.posargs or ["tests"]))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.run(PYTHON, "-m", "ruff", "check", "src", "tests", "scripts", "bench", "noxfile.py")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    session.run(PYTHON, "-m", "mypy", "src")
+
+
+@nox.session
+def protos(session: nox.Session) -> None:
+    """The generated CRI code in the tree matches protos/ (regenerate: scripts/gen_protos.py)."""
+    session.run(PYTHON, "scripts/gen_protos.py", "--check")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    session.run("bash", "scripts/demo", *session.posargs, external=True)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Run every bench/bench_*.py; each prints its numbers as JSON."""
+    scripts = sorted((ROOT / "bench").glob("bench_*.py"))
+    if not scripts:
+        session.log("no benchmarks in bench/ yet")
+        return
+    for script in scripts:
+        output = session.run(PYTHON, str(script), *session.posargs, silent=True)
+        print(output, end="" if isinstance(output, str) and output.endswith("\n") else "\n")
+
+
+@nox.session
+def e2e(session: nox.Session) -> None:
+    """End-to-end tests against a real kube-apiserver (tests/e2e)."""
+    if not any((ROOT / "tests" / "e2e").glob("**/test_*.py")):
+        session.log("no e2e tests in tests/e2e yet")
+        return
+    session.run(PYTHON, "-m", "pytest", "-q", "tests/e2e", *session.posargs)

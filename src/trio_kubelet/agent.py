@@ -1,0 +1,109 @@
+"""Wiring the agent: connect to the runtime, start the sources and the sync loop in one nursery."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+
+import trio
+
+from trio_kubelet import __version__
+from trio_kubelet.clock import TrioWallClock
+from trio_kubelet.config import AgentOptions
+from trio_kubelet.events import Event, ResyncTick
+from trio_kubelet.images.manager import ImageManager
+from trio_kubelet.reconcile.loop import SyncLoop
+from trio_kubelet.reconcile.workers import WorkerContext
+from trio_kubelet.runtime.client import CRIClient, open_cri_client
+from trio_kubelet.runtime.errors import CRIError
+from trio_kubelet.sources.pleg import run_pleg
+from trio_kubelet.sources.static_files import run_static_files
+from trio_kubelet.status.store import PodStatusStore
+
+log = logging.getLogger("trio_kubelet.agent")
+
+# The sources' channel is bounded like the Go PLEG's; a full channel applies
+# backpressure to the sources instead of dropping events.
+EVENT_CHANNEL_SIZE = 1000
+RUNTIME_RETRY_MAX = 30.0
+
+
+async def wait_for_runtime(client: CRIClient, endpoint: str) -> str:
+    """Ask the runtime for its version until it answers, backing off 1 s → 30 s between tries."""
+    delay = 1.0
+    while True:
+        try:
+            version = await client.version()
+        except CRIError as err:
+            log.error(
+                "Container runtime at %s is not reachable (%s); retrying in %.0fs",
+                endpoint,
+                err,
+                delay,
+            )
+            await trio.sleep(delay)
+            delay = min(delay * 2, RUNTIME_RETRY_MAX)
+            continue
+        return f"{version.runtime_name} {version.runtime_version}"
+
+
+async def _resync(send: trio.MemorySendChannel[Event], period: float) -> None:
+    async with send:
+        while True:
+            await trio.sleep(period)
+            await send.send(ResyncTick())
+
+
+async def _stop_on_signal(cancel_scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("Received %s, shutting down (pods keep running)", signal.Signals(signum).name)
+            cancel_scope.cancel()
+            return
+
+
+async def run_agent(
+    options: AgentOptions,
+    *,
+    store: PodStatusStore | None = None,
+    task_status: trio.TaskStatus[SyncLoop] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the node agent until SIGINT/SIGTERM (or cancellation). Pods outlive the agent."""
+    config = options.config
+    endpoint = config.container_runtime_endpoint
+    log.info("trio-kubelet %s starting on node %s", __version__, options.node_name)
+    store = store if store is not None else PodStatusStore()
+    async with trio.open_nursery() as top:
+        top.start_soon(_stop_on_signal, top.cancel_scope)
+        async with open_cri_client(endpoint, timeout=config.runtime_request_timeout) as client:
+            runtime = await wait_for_runtime(client, endpoint)
+            log.info("Connected to container runtime %s at %s", runtime, endpoint)
+            ctx = WorkerContext(
+                client=client,
+                images=ImageManager(client),
+                store=store,
+                clock=TrioWallClock(),
+                pod_logs_dir=Path(config.pod_logs_dir),
+                node_ip=options.node_ip or "",
+                runtime_name=runtime.split()[0],
+            )
+            sources = ["file"] if config.static_pod_path else []
+            loop = SyncLoop(ctx, sources)
+            send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(loop.run, receive)
+                if config.static_pod_path:
+                    nursery.start_soon(
+                        lambda: run_static_files(
+                            send.clone(),
+                            Path(config.static_pod_path),
+                            options.node_name,
+                            check_frequency=config.file_check_frequency,
+                        )
+                    )
+                nursery.start_soon(run_pleg, send.clone(), client)
+                nursery.start_soon(_resync, send.clone(), config.sync_frequency)
+                send.close()
+                task_status.started(loop)
+        top.cancel_scope.cancel()

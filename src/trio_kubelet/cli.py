@@ -1,0 +1,491 @@
+"""The ``trio-kubelet`` command line: ``run`` (the node agent, Go kubelet flags) and ``replay``.
+
+``trio-kubelet --config k.yaml --pod-manifest-path /etc/kubernetes/manifests`` works
+as the Go kubelet's command line does: with no subcommand the agent runs. Flags
+that also exist in the KubeletConfiguration override the file. Any flag or config
+error is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import logging
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+from trio_kubelet import __version__
+from trio_kubelet.config import (
+    DEFAULT_ROOT_DIR,
+    AgentOptions,
+    ConfigError,
+    build_agent_options,
+)
+from trio_kubelet.model.duration import DurationError, parse_duration
+
+PROG = "trio-kubelet"
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A bad command line; the message is printed as ``trio-kubelet: error: <message>``."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # argparse says "argument --max-pods: ..."; the flag alone reads better.
+        raise UsageError(message.removeprefix("argument "))
+
+
+# --- flag value parsers (each error message is what follows "--flag: ") ----------------------
+
+
+def _duration(text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except DurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative (got {json.dumps(text)})")
+    return seconds
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {json.dumps(text)}") from None
+
+
+def _bool(text: str) -> bool:
+    """Go's strconv.ParseBool."""
+    if text in ("1", "t", "T", "true", "TRUE", "True"):
+        return True
+    if text in ("0", "f", "F", "false", "FALSE", "False"):
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean {json.dumps(text)} (use true or false)")
+
+
+def _list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _feature_gates(text: str) -> dict[str, bool]:
+    gates = {}
+    for pair in _list(text):
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise argparse.ArgumentTypeError(f"expected Name=true|false, got {json.dumps(pair)}")
+        gates[name.strip()] = _bool(value.strip())
+    return gates
+
+
+def _url_headers(text: str) -> dict[str, list[str]]:
+    headers: dict[str, list[str]] = {}
+    for pair in _list(text):
+        name, sep, value = pair.partition(":")
+        if not sep or not name.strip():
+            raise argparse.ArgumentTypeError(f"expected key:value, got {json.dumps(pair)}")
+        headers.setdefault(name.strip(), []).append(value.strip())
+    return headers
+
+
+_SIZE = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+_SIZE_FACTORS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_SIZE_FACTORS.update({"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40})
+
+
+def _byte_size(text: str) -> int:
+    match = _SIZE.match(text.strip())
+    if not match or int(match.group(1)) == 0:
+        raise argparse.ArgumentTypeError(
+            f'invalid size {json.dumps(text)} (a positive number of bytes, e.g. "50Mi")'
+        )
+    return int(match.group(1)) * _SIZE_FACTORS[match.group(2)]
+
+
+def _verbosity(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative (got {value})")
+    return value
+
+
+# --- flags that override the KubeletConfiguration ----------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfigFlag:
+    """A flag that sets one KubeletConfiguration field (dotted wire path)."""
+
+    flag: str
+    field: str
+    parse: Callable[[str], Any]
+    help: str
+    metavar: str = ""
+
+    @property
+    def dest(self) -> str:
+        return "config_" + self.flag.removeprefix("--").replace("-", "_")
+
+    @property
+    def is_bool(self) -> bool:
+        return self.parse is _bool
+
+    @property
+    def accumulates(self) -> bool:
+        return self.parse is _url_headers
+
+
+CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
+    ConfigFlag(
+        "--pod-manifest-path", "staticPodPath", str, "static pod manifest file or directory", "PATH"
+    ),
+    ConfigFlag(
+        "--file-check-frequency",
+        "fileCheckFrequency",
+        _duration,
+        "full rescan period of the manifest path",
+        "DURATION",
+    ),
+    ConfigFlag("--manifest-url", "staticPodURL", str, "URL of static pod manifests", "URL"),
+    ConfigFlag(
+        "--manifest-url-header",
+        "staticPodURLHeader",
+        _url_headers,
+        "HTTP headers for --manifest-url, 'key:value,...' (repeatable)",
+        "HEADERS",
+    ),
+    ConfigFlag(
+        "--http-check-frequency",
+        "httpCheckFrequency",
+        _duration,
+        "polling period of --manifest-url",
+        "DURATION",
+    ),
+    ConfigFlag(
+        "--sync-frequency",
+        "syncFrequency",
+        _duration,
+        "period of the full resync of every pod",
+        "DURATION",
+    ),
+    ConfigFlag(
+        "--container-runtime-endpoint",
+        "containerRuntimeEndpoint",
+        str,
+        "CRI runtime socket",
+        "ENDPOINT",
+    ),
+    ConfigFlag(
+        "--image-service-endpoint",
+        "imageServiceEndpoint",
+        str,
+        "CRI image service socket (default: the runtime's)",
+        "ENDPOINT",
+    ),
+    ConfigFlag(
+        "--runtime-request-timeout",
+        "runtimeRequestTimeout",
+        _duration,
+        "timeout of CRI requests except long-running ones",
+        "DURATION",
+    ),
+    ConfigFlag("--max-pods", "maxPods", _int, "most pods this node runs", "N"),
+    ConfigFlag("--address", "address", str, "IP address the kubelet API listens on", "IP"),
+    ConfigFlag("--port", "port", _int, "port of the kubelet API (HTTPS)", "PORT"),
+    ConfigFlag(
+        "--read-only-port", "readOnlyPort", _int, "read-only HTTP port, 0 disables it", "PORT"
+    ),
+    ConfigFlag("--healthz-port", "healthzPort", _int, "healthz port, 0 disables it", "PORT"),
+    ConfigFlag(
+        "--healthz-bind-address",
+        "healthzBindAddress",
+        str,
+        "IP address the healthz server listens on",
+        "IP",
+    ),
+    ConfigFlag(
+        "--tls-cert-file", "tlsCertFile", str, "serving certificate of the kubelet API", "FILE"
+    ),
+    ConfigFlag(
+        "--tls-private-key-file", "tlsPrivateKeyFile", str, "key of --tls-cert-file", "FILE"
+    ),
+    ConfigFlag(
+        "--client-ca-file",
+        "authentication.x509.clientCAFile",
+        str,
+        "CA that signs client certificates",
+        "FILE",
+    ),
+    ConfigFlag(
+        "--anonymous-auth",
+        "authentication.anonymous.enabled",
+        _bool,
+        "allow anonymous requests to the kubelet API",
+    ),
+    ConfigFlag("--authorization-mode", "authorization.mode", str, "AlwaysAllow or Webhook", "MODE"),
+    ConfigFlag("--cluster-domain", "clusterDomain", str, "DNS domain of the cluster", "DOMAIN"),
+    ConfigFlag(
+        "--cluster-dns", "clusterDNS", _list, "DNS server IPs for pods, comma-separated", "IPS"
+    ),
+    ConfigFlag(
+        "--node-status-update-frequency",
+        "nodeStatusUpdateFrequency",
+        _duration,
+        "how often node status is computed",
+        "DURATION",
+    ),
+    ConfigFlag("--register-node", "registerNode", _bool, "register the node with the API server"),
+    ConfigFlag("--kube-api-qps", "kubeAPIQPS", _int, "API server requests per second", "N"),
+    ConfigFlag("--kube-api-burst", "kubeAPIBurst", _int, "API server request burst", "N"),
+    ConfigFlag(
+        "--image-gc-high-threshold",
+        "imageGCHighThresholdPercent",
+        _int,
+        "disk usage %% that starts image GC",
+        "PERCENT",
+    ),
+    ConfigFlag(
+        "--image-gc-low-threshold",
+        "imageGCLowThresholdPercent",
+        _int,
+        "disk usage %% image GC frees down to",
+        "PERCENT",
+    ),
+    ConfigFlag("--serialize-image-pulls", "serializeImagePulls", _bool, "pull one image at a time"),
+    ConfigFlag("--cgroup-driver", "cgroupDriver", str, "cgroupfs or systemd", "DRIVER"),
+    ConfigFlag("--cgroup-root", "cgroupRoot", str, "root cgroup for pods", "CGROUP"),
+    ConfigFlag("--cgroups-per-qos", "cgroupsPerQOS", _bool, "create the QoS cgroup hierarchy"),
+    ConfigFlag("--pod-logs-dir", "podLogsDir", str, "directory of container logs", "DIR"),
+    ConfigFlag("--feature-gates", "featureGates", _feature_gates, "Name=true|false,...", "GATES"),
+)
+
+
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    node = parser.add_argument_group("node")
+    node.add_argument("--config", type=Path, metavar="FILE", help="KubeletConfiguration file")
+    node.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help="API server credentials; without it the node runs standalone",
+    )
+    node.add_argument(
+        "--root-dir",
+        type=Path,
+        default=DEFAULT_ROOT_DIR,
+        metavar="DIR",
+        help=f"kubelet state directory (default {DEFAULT_ROOT_DIR})",
+    )
+    node.add_argument(
+        "--hostname-override", metavar="NAME", help="node name instead of the host name"
+    )
+    node.add_argument("--node-ip", metavar="IP[,IP]", help="IP address(es) of the node")
+    node.add_argument(
+        "--v",
+        "-v",
+        dest="verbosity",
+        type=_verbosity,
+        default=0,
+        metavar="N",
+        help="log verbosity; 4 or more logs debug messages",
+    )
+    record = parser.add_argument_group("recording")
+    record.add_argument(
+        "--record",
+        type=Path,
+        metavar="FILE",
+        help="record every event and runtime/API answer for replay",
+    )
+    record.add_argument(
+        "--record-max-bytes",
+        type=_byte_size,
+        metavar="SIZE",
+        help="stop recording past this size (e.g. 500Mi)",
+    )
+    overrides = parser.add_argument_group("configuration (each overrides the --config file)")
+    for flag in CONFIG_FLAGS:
+        kwargs: dict[str, Any] = {"dest": flag.dest, "type": flag.parse, "help": flag.help}
+        if flag.is_bool:
+            kwargs.update(nargs="?", const=True, metavar="BOOL")
+        elif flag.accumulates:
+            kwargs.update(action="append", metavar=flag.metavar)
+        else:
+            kwargs["metavar"] = flag.metavar
+        overrides.add_argument(flag.flag, **kwargs)
+
+
+def _add_replay_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "file", type=Path, metavar="FILE", help="a recording made with run --record"
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if the replayed decisions differ from the recording",
+    )
+    parser.add_argument(
+        "--until", type=_duration, metavar="DURATION", help="stop at this virtual time (e.g. 90s)"
+    )
+    parser.add_argument("--pod", metavar="NAMESPACE/NAME", help="only this pod")
+    parser.add_argument(
+        "--explain", action="store_true", help="print the inputs behind each decision"
+    )
+    parser.add_argument(
+        "--timeline",
+        nargs="?",
+        const="-",
+        metavar="OUT",
+        help="render a timeline (to OUT, or stdout)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="A Kubernetes node agent on trio.", allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    run = commands.add_parser("run", help="run the node agent (the default)", allow_abbrev=False)
+    _add_run_flags(run)
+    replay = commands.add_parser(
+        "replay", help="re-run a recording's decisions under a virtual clock", allow_abbrev=False
+    )
+    _add_replay_flags(replay)
+    return parser
+
+
+def _config_overrides(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
+    overrides: dict[str, tuple[str, Any]] = {}
+    for flag in CONFIG_FLAGS:
+        value = getattr(args, flag.dest)
+        if value is None:
+            continue
+        if flag.accumulates:  # repeated --manifest-url-header: merge the maps
+            merged: dict[str, list[str]] = {}
+            for headers in value:
+                for name, values in headers.items():
+                    merged.setdefault(name, []).extend(values)
+            value = merged
+        overrides[flag.field] = (flag.flag, value)
+    return overrides
+
+
+def agent_options(args: argparse.Namespace) -> AgentOptions:
+    """The AgentOptions for parsed ``run`` arguments; raises ConfigError naming the field."""
+    return build_agent_options(
+        config_file=args.config,
+        overrides=_config_overrides(args),
+        root_dir=args.root_dir,
+        hostname_override=args.hostname_override,
+        node_ip=args.node_ip,
+        kubeconfig=args.kubeconfig,
+        record=args.record,
+        record_max_bytes=args.record_max_bytes,
+        verbosity=args.verbosity,
+    )
+
+
+def parse_run_options(argv: Sequence[str]) -> AgentOptions:
+    """AgentOptions from a Go-kubelet-style command line (used by tests and tools)."""
+    return agent_options(build_parser().parse_args(["run", *argv]))
+
+
+# --- logging ------------------------------------------------------------------------------
+
+
+class KlogFormatter(logging.Formatter):
+    """``I0102 15:04:05.123456 logger.name] message`` — one line per record, like klog."""
+
+    LETTERS = {logging.DEBUG: "D", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        letter = self.LETTERS.get(record.levelno, "F" if record.levelno > logging.ERROR else "D")
+        when = datetime.fromtimestamp(record.created).strftime("%m%d %H:%M:%S.%f")
+        message = record.getMessage().replace("\n", "\\n")
+        line = f"{letter}{when} {record.name}] {message}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def configure_logging(verbosity: int) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(KlogFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbosity >= 4 else logging.INFO)
+
+
+# --- commands -----------------------------------------------------------------------------
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _run(args: argparse.Namespace) -> int:
+    options = agent_options(args)
+    configure_logging(options.verbosity)
+    try:
+        agent = importlib.import_module("trio_kubelet.agent")
+    except ModuleNotFoundError as exc:
+        if exc.name != "trio_kubelet.agent":
+            raise
+        return _fail("the node agent is not available in this build")
+    import trio
+
+    # The agent handles SIGINT/SIGTERM itself; a KeyboardInterrupt that still escapes
+    # (Ctrl-C before its handler is installed) is a normal way to stop, not a crash.
+    with contextlib.suppress(KeyboardInterrupt):
+        trio.run(agent.run_agent, options)
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    try:
+        replay = importlib.import_module("trio_kubelet.replay.cli")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("trio_kubelet.replay", "trio_kubelet.replay.cli"):
+            raise
+        print("replay is not available yet", file=sys.stderr)
+        return EXIT_USAGE
+    status = replay.replay_main(args)
+    return int(status or 0)
+
+
+def _with_default_command(argv: Sequence[str]) -> list[str]:
+    """No subcommand means ``run``, so the Go kubelet's command lines work unchanged."""
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        return ["run", *argv]
+    return list(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``trio-kubelet``; returns the exit status."""
+    argv = _with_default_command(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        return _fail(str(exc))
+    except SystemExit as exc:  # --help and --version
+        return exc.code if isinstance(exc.code, int) else 0
+    try:
+        if args.command == "replay":
+            return _replay(args)
+        return _run(args)
+    except ConfigError as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

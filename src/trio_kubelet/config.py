@@ -1,0 +1,745 @@
+"""The node agent's settings: KubeletConfiguration (v1beta1) with the Go defaults, plus node flags.
+
+The configuration file is the Go kubelet's ``kubelet.config.k8s.io/v1beta1``
+``KubeletConfiguration``, read with the same defaults (``defaults.go``) and the same
+leniency: an unknown field is reported and ignored, as the Go kubelet does when it
+falls back from strict to lenient decoding. Flags that the Go kubelet also keeps in
+the file override it; the few settings that only exist as flags (root dir, node
+name, node IP, kubeconfig, recording) join it in one frozen :class:`AgentOptions`.
+
+Every error is a :class:`ConfigError` whose message is one line naming the field by
+its wire (camelCase) path, or the flag that set it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import re
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from trio_kubelet.model.duration import DurationError, format_duration, parse_duration
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "kubelet.config.k8s.io/v1beta1"
+KIND = "KubeletConfiguration"
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+DEFAULT_ROOT_DIR = Path("/var/lib/kubelet")
+DEFAULT_EVICTION_HARD: dict[str, str] = {
+    "memory.available": "100Mi",
+    "nodefs.available": "10%",
+    "nodefs.inodesFree": "5%",
+    "imagefs.available": "15%",
+}
+EVICTION_SIGNALS = frozenset(
+    {
+        "memory.available",
+        "allocatableMemory.available",
+        "nodefs.available",
+        "nodefs.inodesFree",
+        "imagefs.available",
+        "imagefs.inodesFree",
+        "containerfs.available",
+        "containerfs.inodesFree",
+        "pid.available",
+    }
+)
+_NODE_ALLOCATABLE_KEYS = frozenset(
+    {
+        "pods",
+        "system-reserved",
+        "system-reserved-compressible",
+        "kube-reserved",
+        "kube-reserved-compressible",
+        "none",
+    }
+)
+
+# KubeletConfiguration fields of the Go kubelet that this agent does not implement:
+# accepted without complaint (an operator's existing file must load) and listed once.
+GO_ONLY_FIELDS = _words(
+    """enableServer volumePluginDir providerID tlsCipherSuites tlsMinVersion rotateCertificates
+    serverTLSBootstrap registryPullQPS registryBurst imagePullCredentialsVerificationPolicy
+    preloadedImagesVerificationAllowlist eventRecordQPS eventBurst enableDebuggingHandlers
+    enableContentionProfiling oomScoreAdj streamingConnectionIdleTimeout
+    volumeStatsAggPeriod kubeletCgroups systemCgroups cpuManagerPolicy
+    cpuManagerPolicyOptions singleProcessOOMKill cpuManagerReconcilePeriod
+    memoryManagerPolicy topologyManagerPolicy topologyManagerScope
+    topologyManagerPolicyOptions qosReserved hairpinMode podCIDR podPidsLimit resolvConf
+    runOnce cpuCFSQuota cpuCFSQuotaPeriod nodeStatusMaxImages maxOpenFiles contentType
+    podsPerCore enableControllerAttachDetach protectKernelDefaults makeIPTablesUtilChains
+    iptablesMasqueradeBit iptablesDropBit failSwapOn memorySwap containerLogMaxWorkers
+    containerLogMonitorInterval configMapAndSecretChangeDetectionStrategy reservedSystemCPUs
+    showHiddenMetricsForVersion systemReservedCgroup kubeReservedCgroup allowedUnsafeSysctls
+    kernelMemcgNotification logging enableSystemLogHandler enableSystemLogQuery
+    shutdownGracePeriod shutdownGracePeriodCriticalPods shutdownGracePeriodByPodPriority
+    reservedMemory enableProfilingHandler enableDebugFlagsHandler seccompDefault
+    memoryThrottlingFactor registerWithTaints tracing localStorageCapacityIsolation
+    failCgroupV1 userNamespaces podHousekeepingPeriod"""
+)
+
+_WIRE = "wire"  # validation-context key: the data comes from a file, not from Python code
+
+
+class ConfigError(Exception):
+    """Invalid configuration; ``str()`` is one line naming the field or flag."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split("\n")))
+
+
+# --- field types ---------------------------------------------------------------------------
+
+
+def _duration(value: Any, info: ValidationInfo) -> float:
+    wire = bool(info.context and info.context.get(_WIRE))
+    if isinstance(value, str):
+        try:
+            seconds = parse_duration(value)
+        except DurationError as exc:
+            raise ValueError(str(exc)) from None
+    elif isinstance(value, int | float) and not isinstance(value, bool) and not wire:
+        seconds = float(value)
+    else:
+        shown = json.dumps(value) if isinstance(value, int | float | bool) else type(value).__name__
+        raise ValueError(f'invalid duration {shown}: expected a string such as "20s" or "1m30s"')
+    if seconds < 0:
+        raise ValueError(f"must not be negative (got {format_duration(seconds)})")
+    return seconds
+
+
+Duration = Annotated[
+    float,
+    BeforeValidator(_duration),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+]
+"""Seconds in Python, a Go duration string on the wire."""
+
+
+def _range(low: int, high: int) -> BeforeValidator:
+    def check(value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and not low <= value <= high:
+            raise ValueError(f"must be between {low} and {high}, inclusive (got {value})")
+        return value
+
+    return BeforeValidator(check)
+
+
+def _non_negative(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+        raise ValueError(f"must not be a negative number (got {value})")
+    return value
+
+
+def _positive(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
+        raise ValueError(f"must be greater than 0 (got {value})")
+    return value
+
+
+def _ip_address(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{json.dumps(value)} is not a valid IP address") from None
+    return value
+
+
+_QUANTITY = re.compile(r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[kMGTPEmun])?$")
+
+
+def _quantity(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str) and not _QUANTITY.match(value):
+        raise ValueError(f'{json.dumps(value)} is not a quantity (e.g. "10Mi", "100M", "1Gi")')
+    return value
+
+
+def _threshold_map(value: Any) -> Any:
+    """An eviction threshold map: known signal names, each a quantity or a percentage."""
+    if not isinstance(value, dict):
+        return value
+    for signal, threshold in value.items():
+        if signal not in EVICTION_SIGNALS:
+            raise ValueError(
+                f"[{signal}]: unknown eviction signal (expected one of "
+                f"{', '.join(sorted(EVICTION_SIGNALS))})"
+            )
+        if isinstance(threshold, str) and threshold.endswith("%"):
+            try:
+                percent = float(threshold[:-1])
+            except ValueError:
+                percent = -1.0
+            if not 0 <= percent <= 100:
+                raise ValueError(f"[{signal}]: invalid percentage {json.dumps(threshold)}")
+        elif isinstance(threshold, str):
+            try:
+                _quantity(threshold)
+            except ValueError as exc:
+                raise ValueError(f"[{signal}]: {exc}") from None
+    return value
+
+
+Port = Annotated[int, _range(1, 65535)]
+OptionalPort = Annotated[int, _range(0, 65535)]
+Percent = Annotated[int, _range(0, 100)]
+NonNegative = Annotated[int, BeforeValidator(_non_negative)]
+IPAddress = Annotated[str, BeforeValidator(_ip_address)]
+Quantity = Annotated[str, BeforeValidator(_quantity)]
+ThresholdMap = Annotated[dict[str, str], BeforeValidator(_threshold_map)]
+
+
+class _ConfigModel(BaseModel):
+    """camelCase on the wire; null and Go zero values mean "use the default", as in Go."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
+    )
+
+    # Aliases of non-pointer Go fields whose zero value the Go defaulter replaces.
+    go_zero_defaults: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _go_zero_values(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, dict) or not (info.context and info.context.get(_WIRE)):
+            return data
+        kept = {}
+        for key, value in data.items():
+            if value is None or (key in cls.go_zero_defaults and _is_go_zero(value)):
+                continue
+            kept[key] = value
+        return kept
+
+
+def _is_go_zero(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if value == 0 or value == "":
+        return True
+    if isinstance(value, str):
+        try:
+            return parse_duration(value) == 0
+        except DurationError:
+            return False
+    return False
+
+
+class AnonymousAuthentication(_ConfigModel):
+    enabled: bool = False
+
+
+class WebhookAuthentication(_ConfigModel):
+    go_zero_defaults: ClassVar[frozenset[str]] = frozenset({"cacheTTL"})
+
+    enabled: bool = True
+    cache_ttl: Duration = Field(default=120.0, alias="cacheTTL")
+
+
+class X509Authentication(_ConfigModel):
+    client_ca_file: str = Field(default="", alias="clientCAFile")
+
+
+class KubeletAuthentication(_ConfigModel):
+    x509: X509Authentication = Field(default_factory=X509Authentication, alias="x509")
+    webhook: WebhookAuthentication = Field(default_factory=WebhookAuthentication)
+    anonymous: AnonymousAuthentication = Field(default_factory=AnonymousAuthentication)
+
+
+class WebhookAuthorization(_ConfigModel):
+    go_zero_defaults: ClassVar[frozenset[str]] = frozenset(
+        {"cacheAuthorizedTTL", "cacheUnauthorizedTTL"}
+    )
+
+    cache_authorized_ttl: Duration = Field(default=300.0, alias="cacheAuthorizedTTL")
+    cache_unauthorized_ttl: Duration = Field(default=30.0, alias="cacheUnauthorizedTTL")
+
+
+class KubeletAuthorization(_ConfigModel):
+    go_zero_defaults: ClassVar[frozenset[str]] = frozenset({"mode"})
+
+    mode: Literal["AlwaysAllow", "Webhook"] = "Webhook"
+    webhook: WebhookAuthorization = Field(default_factory=WebhookAuthorization)
+
+
+class CrashLoopBackOff(_ConfigModel):
+    max_container_restart_period: Duration = 300.0
+
+    @model_validator(mode="after")
+    def _within_bounds(self) -> CrashLoopBackOff:
+        if not 1.0 <= self.max_container_restart_period <= 300.0:
+            shown = format_duration(self.max_container_restart_period)
+            raise ValueError(
+                f"maxContainerRestartPeriod: must be between 1s and 300s (got {shown})"
+            )
+        return self
+
+
+class KubeletConfiguration(_ConfigModel):
+    """The subset of ``kubelet.config.k8s.io/v1beta1`` KubeletConfiguration this agent acts on.
+
+    Defaults are the Go kubelet's. Durations are float seconds.
+    """
+
+    go_zero_defaults: ClassVar[frozenset[str]] = _words(
+        """syncFrequency fileCheckFrequency httpCheckFrequency address port runtimeRequestTimeout
+        podLogsDir maxPods nodeStatusUpdateFrequency nodeStatusReportFrequency
+        nodeLeaseDurationSeconds imageMinimumGCAge evictionPressureTransitionPeriod
+        cgroupDriver kubeAPIBurst containerLogMaxSize containerRuntimeEndpoint
+        healthzBindAddress"""
+    )
+
+    api_version: Literal["kubelet.config.k8s.io/v1beta1"] = "kubelet.config.k8s.io/v1beta1"
+    kind: Literal["KubeletConfiguration"] = "KubeletConfiguration"
+
+    # Pod sources.
+    static_pod_path: str = ""
+    file_check_frequency: Duration = 20.0
+    http_check_frequency: Duration = 20.0
+    static_pod_url: str = Field(default="", alias="staticPodURL")
+    static_pod_url_header: dict[str, list[str]] = Field(
+        default_factory=dict, alias="staticPodURLHeader"
+    )
+    sync_frequency: Duration = 60.0
+
+    # Container runtime.
+    container_runtime_endpoint: str = "unix:///run/containerd/containerd.sock"
+    image_service_endpoint: str = ""
+    runtime_request_timeout: Duration = 120.0
+    pod_logs_dir: str = "/var/log/pods"
+    max_pods: NonNegative = 110
+
+    # Servers.
+    address: IPAddress = "0.0.0.0"
+    port: Port = 10250
+    read_only_port: OptionalPort = 0
+    healthz_port: OptionalPort = 10248
+    healthz_bind_address: IPAddress = "127.0.0.1"
+    tls_cert_file: str = ""
+    tls_private_key_file: str = ""
+    authentication: KubeletAuthentication = Field(default_factory=KubeletAuthentication)
+    authorization: KubeletAuthorization = Field(default_factory=KubeletAuthorization)
+
+    # Cluster and node status.
+    cluster_domain: str = ""
+    cluster_dns: list[IPAddress] = Field(default_factory=list, alias="clusterDNS")
+    node_status_update_frequency: Duration = 10.0
+    node_status_report_frequency: Duration = 300.0
+    node_lease_duration_seconds: Annotated[int, BeforeValidator(_positive)] = 40
+    register_node: bool = True
+    kube_api_qps: NonNegative = Field(default=50, alias="kubeAPIQPS")
+    kube_api_burst: NonNegative = Field(default=100, alias="kubeAPIBurst")
+
+    # Images.
+    image_gc_high_threshold_percent: Percent = Field(
+        default=85, alias="imageGCHighThresholdPercent"
+    )
+    image_gc_low_threshold_percent: Percent = Field(default=80, alias="imageGCLowThresholdPercent")
+    image_minimum_gc_age: Duration = Field(default=120.0, alias="imageMinimumGCAge")
+    image_maximum_gc_age: Duration = Field(default=0.0, alias="imageMaximumGCAge")
+    serialize_image_pulls: bool = True
+    max_parallel_image_pulls: int | None = None
+
+    # Eviction.
+    eviction_hard: ThresholdMap = Field(default_factory=lambda: dict(DEFAULT_EVICTION_HARD))
+    eviction_soft: ThresholdMap = Field(default_factory=dict)
+    eviction_soft_grace_period: dict[str, Duration] = Field(default_factory=dict)
+    eviction_pressure_transition_period: Duration = 300.0
+    eviction_max_pod_grace_period: int = 0
+    eviction_minimum_reclaim: dict[str, str] = Field(default_factory=dict)
+    merge_default_eviction_settings: bool = False
+
+    # Cgroups and node allocatable.
+    cgroups_per_qos: bool = Field(default=True, alias="cgroupsPerQOS")
+    cgroup_root: str = "/"
+    cgroup_driver: Literal["cgroupfs", "systemd"] = "cgroupfs"
+    enforce_node_allocatable: list[str] = Field(default_factory=lambda: ["pods"])
+    kube_reserved: dict[str, Quantity] = Field(default_factory=dict)
+    system_reserved: dict[str, Quantity] = Field(default_factory=dict)
+
+    # Containers.
+    crash_loop_back_off: CrashLoopBackOff = Field(
+        default_factory=CrashLoopBackOff, alias="crashLoopBackOff"
+    )
+    container_log_max_size: Quantity = "10Mi"
+    container_log_max_files: int = 5
+    feature_gates: dict[str, bool] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _go_coupled_defaults(cls, data: Any, info: ValidationInfo) -> Any:
+        """Defaults that depend on other fields, applied only to what a file left out."""
+        if not isinstance(data, dict) or not (info.context and info.context.get(_WIRE)):
+            return data
+        data = dict(data)
+        update = data.get("nodeStatusUpdateFrequency")
+        report = data.get("nodeStatusReportFrequency")
+        report_unset = report is None or _is_go_zero(report)
+        if report_unset and update is not None and not _is_go_zero(update):
+            # Go keeps reporting as often as it updates when only the update period is set.
+            data["nodeStatusReportFrequency"] = update
+        parallel = data.get("maxParallelImagePulls")
+        if data.get("serializeImagePulls") is None and isinstance(parallel, int) and parallel >= 2:
+            data["serializeImagePulls"] = False
+        if data.get("mergeDefaultEvictionSettings") and isinstance(data.get("evictionHard"), dict):
+            data["evictionHard"] = {**DEFAULT_EVICTION_HARD, **data["evictionHard"]}
+        return data
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> KubeletConfiguration:
+        low, high = self.image_gc_low_threshold_percent, self.image_gc_high_threshold_percent
+        if low >= high:
+            raise ValueError(
+                f"imageGCLowThresholdPercent: {low} must be less than "
+                f"imageGCHighThresholdPercent ({high})"
+            )
+        max_age, min_age = self.image_maximum_gc_age, self.image_minimum_gc_age
+        if max_age and max_age <= min_age:
+            raise ValueError(
+                f"imageMaximumGCAge: {format_duration(max_age)} must be greater than "
+                f"imageMinimumGCAge ({format_duration(min_age)})"
+            )
+        parallel = self.max_parallel_image_pulls
+        if parallel is not None and parallel < 1:
+            raise ValueError(f"maxParallelImagePulls: must be a positive number (got {parallel})")
+        if self.serialize_image_pulls and parallel is not None and parallel > 1:
+            raise ValueError(
+                "maxParallelImagePulls: cannot be larger than 1 unless serializeImagePulls is false"
+            )
+        if self.container_log_max_files < 2:
+            raise ValueError(
+                f"containerLogMaxFiles: must be 2 or greater (got {self.container_log_max_files})"
+            )
+        for index, key in enumerate(self.enforce_node_allocatable):
+            if key not in _NODE_ALLOCATABLE_KEYS:
+                raise ValueError(
+                    f"enforceNodeAllocatable[{index}]: unknown value {json.dumps(key)} (expected "
+                    f"one of {', '.join(sorted(_NODE_ALLOCATABLE_KEYS))})"
+                )
+        if "none" in self.enforce_node_allocatable and len(self.enforce_node_allocatable) > 1:
+            raise ValueError('enforceNodeAllocatable: "none" cannot be combined with other values')
+        return self
+
+    def to_wire(self) -> dict[str, Any]:
+        """The configuration as a KubeletConfiguration document (camelCase, Go durations)."""
+        return self.model_dump(by_alias=True, mode="json")
+
+
+# --- validation errors, named by wire path ------------------------------------------------
+
+_UNION_TAGS = frozenset({"int", "str", "float", "bool", "list", "dict", "none"})
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A message that starts with a path relative to the error's location ("containers[1].name: ...").
+_SEGMENT = r"(?:[A-Za-z][A-Za-z0-9]*|\[[^\]\s]+\])"
+_LEADING_PATH = re.compile(rf"^({_SEGMENT}(?:\.?{_SEGMENT})*): (.+)$", re.S)
+_SINGLE_QUOTED = re.compile(r"(?<![\w'])'([^'\n]*)'(?![\w'])")
+
+
+def wire_path(loc: Sequence[int | str]) -> str:
+    """A pydantic error location as a wire path: ``spec.containers[1].name``, ``labels[a/b]``."""
+    path = ""
+    for item in loc:
+        if isinstance(item, int):
+            path += f"[{item}]"
+        elif item in _UNION_TAGS or "[" in item:
+            continue  # the member of a union pydantic tried, not a field
+        elif _IDENTIFIER.match(item):
+            path += f".{item}" if path else item
+        else:
+            path += f"[{item}]"
+    return path
+
+
+def _join_path(base: str, relative: str) -> str:
+    if not base:
+        return relative
+    return base + relative if relative.startswith("[") else f"{base}.{relative}"
+
+
+def _error_message(error: Mapping[str, Any]) -> str:
+    if error["type"] == "missing":
+        return "required value"
+    message = str(error["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        message = message.removeprefix(prefix)
+    if message.startswith("Input should be "):
+        message = "must be " + message.removeprefix("Input should be ")
+    message = re.sub(r" or instance of \w+", "", message).replace("a valid dictionary", "a mapping")
+    message = _SINGLE_QUOTED.sub(r'"\1"', message)
+    value = error.get("input")
+    if error["type"] != "value_error" and isinstance(value, str | int | float | bool):
+        message += f" (got {json.dumps(value)})"
+    return message
+
+
+def field_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    """``(wire path, message)`` for each distinct field a pydantic ValidationError names."""
+    found: dict[str, str] = {}
+    for error in exc.errors():
+        path, message = wire_path(error["loc"]), _error_message(error)
+        nested = _LEADING_PATH.match(message)
+        if nested:
+            path, message = _join_path(path, nested.group(1)), nested.group(2)
+        found.setdefault(path, message)
+    return list(found.items())
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """All field errors on one line: ``spec.containers[0].name: required value; ...``."""
+    return "; ".join(
+        f"{path}: {message}" if path else message for path, message in field_errors(exc)
+    )
+
+
+def describe_yaml_error(exc: yaml.YAMLError) -> str:
+    """A YAML syntax error with its 1-based line and column, on one line."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        problem = exc.problem or exc.context or "syntax error"
+        return f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return f"invalid YAML: {' '.join(str(exc).split())}"
+
+
+# --- loading --------------------------------------------------------------------------------
+
+# Path fields that, when relative, are relative to the config file's directory (as in Go).
+_PATH_FIELDS: tuple[tuple[str, ...], ...] = (
+    ("staticPodPath",),
+    ("tlsCertFile",),
+    ("tlsPrivateKeyFile",),
+    ("podLogsDir",),
+    ("authentication", "x509", "clientCAFile"),
+)
+
+
+def _unknown_fields(model: type[BaseModel], data: Mapping[str, Any], prefix: str = "") -> list[str]:
+    fields = {info.alias or name: info for name, info in model.model_fields.items()}
+    unknown: list[str] = []
+    for key, value in data.items():
+        info = fields.get(key)
+        if info is None:
+            unknown.append(prefix + str(key))
+            continue
+        nested = info.annotation
+        if isinstance(nested, type) and issubclass(nested, BaseModel) and isinstance(value, dict):
+            unknown.extend(_unknown_fields(nested, value, f"{prefix}{key}."))
+    return unknown
+
+
+def _resolve_relative_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    for path in _PATH_FIELDS:
+        parent: Any = data
+        for key in path[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else None
+        if not isinstance(parent, dict):
+            continue
+        value = parent.get(path[-1])
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            parent[path[-1]] = str(base / value)
+    return data
+
+
+def load_config_file(path: Path) -> KubeletConfiguration:
+    """Read a KubeletConfiguration file; unknown fields are logged and ignored."""
+
+    def invalid(message: str) -> ConfigError:
+        return ConfigError(f"invalid config file {path}: {message}")
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise invalid(f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise invalid("not UTF-8 text") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise invalid(describe_yaml_error(exc)) from None
+    if not isinstance(data, dict):
+        raise invalid(f"expected a {KIND} mapping, got {_kind_of(data)}")
+    kind, api_version = data.get("kind"), data.get("apiVersion")
+    if kind != KIND:
+        raise invalid(
+            f"kind: required value (expected {KIND})"
+            if kind is None
+            else f"kind: unsupported {json.dumps(kind)} (expected {KIND})"
+        )
+    if api_version != API_VERSION:
+        raise invalid(
+            f"apiVersion: required value (expected {API_VERSION})"
+            if api_version is None
+            else f"apiVersion: unsupported {json.dumps(api_version)} (expected {API_VERSION})"
+        )
+    _report_unknown_fields(path, _unknown_fields(KubeletConfiguration, data))
+    data = _resolve_relative_paths(data, path.absolute().parent)
+    try:
+        return KubeletConfiguration.model_validate(data, context={_WIRE: True})
+    except ValidationError as exc:
+        raise invalid(describe_validation_error(exc)) from None
+
+
+def _kind_of(value: Any) -> str:
+    if value is None:
+        return "an empty document"
+    if isinstance(value, list):
+        return "a list"
+    return f"a {type(value).__name__} value"
+
+
+def _report_unknown_fields(path: Path, fields: list[str]) -> None:
+    unsupported = [name for name in fields if name in GO_ONLY_FIELDS]
+    unknown = [name for name in fields if name not in GO_ONLY_FIELDS]
+    if unknown:
+        log.warning("config file %s: unknown field(s) ignored: %s", path, ", ".join(unknown))
+    if unsupported:
+        log.info(
+            "config file %s: Go kubelet field(s) not implemented by trio-kubelet, ignored: %s",
+            path,
+            ", ".join(unsupported),
+        )
+
+
+def _within(path: str, field: str) -> bool:
+    return path == field or path.startswith((f"{field}.", f"{field}["))
+
+
+def apply_flag_overrides(
+    config: KubeletConfiguration, overrides: Mapping[str, tuple[str, Any]]
+) -> KubeletConfiguration:
+    """Override config fields from flags: ``{"staticPodPath": ("--pod-manifest-path", value)}``.
+
+    Keys are dotted wire paths (``authentication.x509.clientCAFile``). An invalid result
+    names the flag that set the field.
+    """
+    data = config.model_dump(by_alias=True)
+    for dotted, (_flag, value) in overrides.items():
+        *parents, leaf = dotted.split(".")
+        target = data
+        for key in parents:
+            target = target[key]
+        target[leaf] = value
+    try:
+        return KubeletConfiguration.model_validate(data)
+    except ValidationError as exc:
+        messages = []
+        for path, message in field_errors(exc):
+            flag = next((f for p, (f, _) in overrides.items() if _within(path, p)), None)
+            messages.append(f"{flag}: {message}" if flag else f"{path}: {message}")
+        raise ConfigError("; ".join(messages)) from None
+
+
+def load_config(
+    config_file: Path | None = None, overrides: Mapping[str, tuple[str, Any]] | None = None
+) -> KubeletConfiguration:
+    """The configuration from a file (or the defaults), with flag overrides applied."""
+    config = load_config_file(config_file) if config_file is not None else KubeletConfiguration()
+    return apply_flag_overrides(config, overrides) if overrides else config
+
+
+# --- node options that only exist as flags --------------------------------------------------
+
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+
+
+def resolve_node_name(hostname_override: str | None = None) -> str:
+    """``--hostname-override`` or the host name, trimmed and lowercased as the Go kubelet does."""
+    if hostname_override is not None and hostname_override.strip():
+        name, source = hostname_override.strip().lower(), "--hostname-override"
+    else:
+        name, source = socket.gethostname().strip().lower(), "host name"
+    if not name:
+        raise ConfigError("--hostname-override: the host name is empty; set a node name")
+    if len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+        hint = "" if source == "--hostname-override" else "; set --hostname-override"
+        raise ConfigError(
+            f"{source}: {json.dumps(name)} is not a valid node name "
+            f"(must be a lowercase RFC 1123 subdomain){hint}"
+        )
+    return name
+
+
+def parse_node_ips(value: str) -> str:
+    """``--node-ip``: one IP, or an IPv4 and an IPv6 address separated by a comma."""
+    addresses = [part.strip() for part in value.split(",")]
+    parsed = []
+    for address in addresses:
+        try:
+            parsed.append(ipaddress.ip_address(address))
+        except ValueError:
+            raise ConfigError(
+                f"--node-ip: {json.dumps(address)} is not a valid IP address"
+            ) from None
+    if len(parsed) > 2 or (len(parsed) == 2 and parsed[0].version == parsed[1].version):
+        raise ConfigError(f"--node-ip: {json.dumps(value)} must be one IP or one IPv4 and one IPv6")
+    return ",".join(addresses)
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    """Everything the agent is started with: the configuration and the node's flag-only options."""
+
+    config: KubeletConfiguration
+    node_name: str
+    root_dir: Path = DEFAULT_ROOT_DIR
+    node_ip: str | None = None
+    kubeconfig: Path | None = None
+    record: Path | None = None
+    record_max_bytes: int | None = None
+    config_file: Path | None = None
+    log_level: int = logging.INFO
+    verbosity: int = 0
+
+
+def build_agent_options(
+    *,
+    config_file: Path | None = None,
+    overrides: Mapping[str, tuple[str, Any]] | None = None,
+    root_dir: Path = DEFAULT_ROOT_DIR,
+    hostname_override: str | None = None,
+    node_ip: str | None = None,
+    kubeconfig: Path | None = None,
+    record: Path | None = None,
+    record_max_bytes: int | None = None,
+    verbosity: int = 0,
+) -> AgentOptions:
+    """Load and check everything; raises :class:`ConfigError` naming the field or flag."""
+    return AgentOptions(
+        config=load_config(config_file, overrides),
+        node_name=resolve_node_name(hostname_override),
+        root_dir=root_dir.absolute(),
+        node_ip=parse_node_ips(node_ip) if node_ip else None,
+        kubeconfig=kubeconfig,
+        record=record,
+        record_max_bytes=record_max_bytes,
+        config_file=config_file,
+        log_level=logging.DEBUG if verbosity >= 4 else logging.INFO,
+        verbosity=verbosity,
+    )

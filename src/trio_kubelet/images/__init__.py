@@ -1,0 +1,1 @@
+"""Images: pull policy, pull backoff (and later image GC)."""

@@ -1,0 +1,56 @@
+"""Kubernetes resource quantities ("100m", "128Mi", "1e3") parsed to exact fractions.
+
+The grammar is the API machinery's: an optionally signed decimal number followed by
+a binary suffix (Ki … Ei), a decimal SI suffix (n u m "" k M G T P E) or a decimal
+exponent (e3, E-2). Values are returned as :class:`fractions.Fraction` so that
+"0.1" + "0.2" == "300m" holds exactly, which resource accounting and QoS rely on.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+_BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
+_QUANTITY = re.compile(
+    r"""^(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))
+         (?:(?P<binary>Ki|Mi|Gi|Ti|Pi|Ei)
+           |[eE](?P<exponent>[+-]?[0-9]+)
+           |(?P<decimal>[numkMGTPE]?))$""",
+    re.VERBOSE,
+)
+
+
+class QuantityError(ValueError):
+    """A string that is not a Kubernetes quantity."""
+
+
+def parse_quantity(value: str | int | float) -> Fraction:
+    """The exact value of a quantity; ints and floats (as YAML gives them) are accepted too."""
+    if isinstance(value, bool):
+        raise QuantityError(f"quantity {value!r} must be a number or a string")
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, float):
+        # Through repr(): YAML's 0.1 should mean one tenth, not the nearest binary double.
+        return Fraction(repr(value))
+    match = _QUANTITY.match(value.strip())
+    if match is None:
+        raise QuantityError(f"quantity {value!r} must match '<number><suffix>', e.g. 100m, 128Mi")
+    number = Fraction(match["number"])
+    if match["binary"]:
+        return number * Fraction(1024) ** _BINARY[match["binary"]]
+    if match["exponent"] is not None:
+        return number * Fraction(10) ** int(match["exponent"])
+    return number * Fraction(10) ** _DECIMAL[match["decimal"] or ""]
+
+
+def is_quantity(value: str | int | float) -> bool:
+    """Whether ``value`` parses as a quantity."""
+    try:
+        parse_quantity(value)
+    except QuantityError:
+        return False
+    return True

@@ -1,0 +1,363 @@
+"""Pod workers: one task per pod that syncs it serially and carries out the decisions.
+
+A worker is woken (coalesced: at most one pending wake-up) by the sync loop;
+each sync inspects the runtime, asks ``compute_pod_actions`` what to do, does it
+in the Go kubelet's SyncPod order, and publishes the pod's API status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from trio_kubelet.clock import TrioWallClock
+from trio_kubelet.core.actions import PodActions, compute_pod_actions
+from trio_kubelet.core.backoff import Backoff, backoff_key, crash_loop_message
+from trio_kubelet.core.grace import kill_grace_period
+from trio_kubelet.core.observed import ContainerState, RuntimePodStatus, SandboxState
+from trio_kubelet.core.phase import compute_pod_status
+from trio_kubelet.images.manager import ImageError, ImageManager
+from trio_kubelet.model.pod import Container, Pod, PodStatus, is_sidecar
+from trio_kubelet.runtime import configs
+from trio_kubelet.runtime.client import CRIClient
+from trio_kubelet.runtime.cri.runtime import v1 as cri
+from trio_kubelet.runtime.errors import CRIError
+from trio_kubelet.runtime.inspect import inspect_pod
+from trio_kubelet.status.store import PodStatusStore
+
+log = logging.getLogger("trio_kubelet.workers")
+
+# The Go kubelet retries a pod whose sync failed after backOffPeriod.
+SYNC_ERROR_RETRY = 10.0
+# Grace for killing containers of a pod the agent no longer knows the spec of.
+ORPHAN_GRACE = 2
+
+
+@dataclass
+class WorkerContext:
+    """What every pod worker shares: the runtime, the image manager, the status store, time."""
+
+    client: CRIClient
+    images: ImageManager
+    store: PodStatusStore
+    clock: TrioWallClock
+    pod_logs_dir: Path
+    node_ip: str = ""
+    runtime_name: str = "containerd"
+
+
+@dataclass
+class _SyncResult:
+    """What one sync left behind: per-container errors and when to look again."""
+
+    errors: dict[str, tuple[str, str]] = field(default_factory=dict)
+    requeue_at: float = math.inf
+
+    def retry_in(self, seconds: float) -> None:
+        self.requeue_at = min(self.requeue_at, trio.current_time() + seconds)
+
+
+class PodWorker:
+    """Owns one pod UID for its whole life on the node, from first sync to teardown."""
+
+    def __init__(self, uid: str, ctx: WorkerContext) -> None:
+        self.uid = uid
+        self.pod: Pod | None = None  # the desired pod; None = tear down
+        self._ctx = ctx
+        self._wake_send, self._wake_recv = trio.open_memory_channel[None](1)
+        self._backoff = Backoff()
+        self._status: PodStatus | None = None
+
+    def wake(self) -> None:
+        """Ask for a sync; a wake-up already pending absorbs this one."""
+        with contextlib.suppress(trio.WouldBlock):
+            self._wake_send.send_nowait(None)
+
+    async def run(self) -> None:
+        """Sync on every wake-up (or when a backoff expires) until the pod is torn down."""
+        requeue_at = math.inf
+        while True:
+            with trio.move_on_at(requeue_at):
+                await self._wake_recv.receive()
+            pod = self.pod
+            try:
+                if pod is None:
+                    await self._terminate()
+                    if self.pod is None:
+                        return
+                    requeue_at = trio.current_time()
+                else:
+                    requeue_at = await self._sync(pod)
+            except CRIError as err:
+                log.warning(
+                    "Error syncing pod %s (%s), retrying in %.0fs: %s",
+                    _pod_name(pod, self.uid),
+                    self.uid,
+                    SYNC_ERROR_RETRY,
+                    err,
+                )
+                requeue_at = trio.current_time() + SYNC_ERROR_RETRY
+            except Exception:  # a bug in one pod's sync must not take down the others
+                log.exception(
+                    "Unexpected error syncing pod %s (%s)", _pod_name(pod, self.uid), self.uid
+                )
+                requeue_at = trio.current_time() + SYNC_ERROR_RETRY
+
+    # -- sync --------------------------------------------------------------------------------
+
+    async def _sync(self, pod: Pod) -> float:
+        """One SyncPod: compute actions, execute them, publish the status; return requeue time."""
+        ctx = self._ctx
+        runtime = await inspect_pod(ctx.client, self.uid)
+        actions = compute_pod_actions(pod, runtime)
+        result = _SyncResult()
+        changed = await self._execute(pod, runtime, actions, result)
+        if changed:
+            runtime = await inspect_pod(ctx.client, self.uid)
+        self._publish(pod, runtime, result.errors)
+        return result.requeue_at
+
+    async def _execute(
+        self, pod: Pod, runtime: RuntimePodStatus, actions: PodActions, result: _SyncResult
+    ) -> bool:
+        if actions.kill_pod:
+            log.info(
+                "Killing pod %s (%s): %s",
+                pod.full_name,
+                self.uid,
+                "sandbox changed" if actions.create_sandbox else "no container to run",
+            )
+            await self._kill_pod(pod, runtime)
+            if actions.create_sandbox:
+                await self._remove_init_containers(pod, runtime, keep_newest=False)
+        else:
+            await self._kill_containers(pod, runtime, actions)
+            await self._remove_init_containers(pod, runtime, keep_newest=True)
+        changed = actions.kill_pod or bool(actions.containers_to_kill)
+        sandbox_id = actions.sandbox_id
+        if actions.create_sandbox:
+            sandbox_id = await self._create_sandbox(pod, actions.attempt, result)
+            if not sandbox_id:
+                return True
+            changed = True
+        elif actions.kill_pod:
+            return changed
+        sandbox = configs.sandbox_config(pod, actions.attempt, self._ctx.pod_logs_dir)
+        spec = pod.spec
+        for index in actions.ephemeral_containers_to_start:
+            changed |= await self._start(
+                pod,
+                runtime,
+                spec.ephemeral_containers[index],
+                "ephemeral",
+                sandbox_id,
+                sandbox,
+                result,
+            )
+        for index in actions.init_containers_to_start:
+            init = spec.init_containers[index]
+            kind = "sidecar" if is_sidecar(init) else "init"
+            started = await self._start(pod, runtime, init, kind, sandbox_id, sandbox, result)
+            changed |= started
+            if not started and kind == "init":
+                break
+        for index in actions.containers_to_start:
+            changed |= await self._start(
+                pod, runtime, spec.containers[index], "regular", sandbox_id, sandbox, result
+            )
+        return changed
+
+    async def _create_sandbox(self, pod: Pod, attempt: int, result: _SyncResult) -> str:
+        config = configs.sandbox_config(pod, attempt, self._ctx.pod_logs_dir)
+        Path(config.log_directory).mkdir(parents=True, exist_ok=True)
+        try:
+            sandbox_id = await self._ctx.client.run_pod_sandbox(config)
+        except CRIError as err:
+            log.error("Failed to create sandbox for pod %s (%s): %s", pod.full_name, self.uid, err)
+            for container in pod.spec.containers:
+                result.errors[container.name] = ("CreatePodSandboxError", str(err))
+            result.retry_in(SYNC_ERROR_RETRY)
+            return ""
+        log.info(
+            "Created sandbox %s for pod %s (%s), attempt %d",
+            sandbox_id[:13],
+            pod.full_name,
+            self.uid,
+            attempt,
+        )
+        return sandbox_id
+
+    async def _start(
+        self,
+        pod: Pod,
+        runtime: RuntimePodStatus,
+        container: Container,
+        kind: str,
+        sandbox_id: str,
+        sandbox: cri.PodSandboxConfig,
+        result: _SyncResult,
+    ) -> bool:
+        """Start one container unless it is in crash-loop backoff; record why it did not start."""
+        ctx = self._ctx
+        now = ctx.clock.now()
+        newest = runtime.find(container.name)
+        key = backoff_key(pod, container)
+        if newest is not None and newest.state is ContainerState.EXITED:
+            remaining = self._backoff.in_backoff(key, newest.finished_at, now)
+            if remaining > 0:
+                message = crash_loop_message(self._backoff.delay(key), pod, container)
+                result.errors[container.name] = ("CrashLoopBackOff", message)
+                result.retry_in(remaining)
+                return False
+            self._backoff = self._backoff.next(key, now, event_time=newest.finished_at)
+        try:
+            image_ref = await ctx.images.ensure(container, now)
+        except ImageError as err:
+            result.errors[container.name] = (err.reason, err.message)
+            result.retry_in(SYNC_ERROR_RETRY)
+            return False
+        restart_count = newest.restart_count + 1 if newest is not None else 0
+        config = configs.container_config(
+            pod, container, kind=kind, image_ref=image_ref, restart_count=restart_count
+        )
+        (Path(sandbox.log_directory) / container.name).mkdir(parents=True, exist_ok=True)
+        try:
+            container_id = await ctx.client.create_container(sandbox_id, config, sandbox)
+        except CRIError as err:
+            result.errors[container.name] = ("CreateContainerError", err.message)
+            result.retry_in(SYNC_ERROR_RETRY)
+            return False
+        try:
+            await ctx.client.start_container(container_id)
+        except CRIError as err:
+            result.errors[container.name] = ("RunContainerError", err.message)
+            result.retry_in(SYNC_ERROR_RETRY)
+            return True
+        log.info(
+            "Started container %s of pod %s (%s): %s, restart %d",
+            container.name,
+            pod.full_name,
+            self.uid,
+            container_id[:13],
+            restart_count,
+        )
+        return True
+
+    # -- killing ----------------------------------------------------------------------------
+
+    async def _kill_containers(
+        self, pod: Pod, runtime: RuntimePodStatus, actions: PodActions
+    ) -> None:
+        specs = _specs_by_name(pod)
+        async with trio.open_nursery() as nursery:
+            for container_id, kill in actions.containers_to_kill.items():
+                grace = kill_grace_period(pod, specs.get(kill.name), kill.reason)
+                log.info(
+                    "Killing container %s of pod %s (%s) with %ds grace: %s",
+                    kill.name,
+                    pod.full_name,
+                    self.uid,
+                    grace,
+                    kill.message or kill.reason,
+                )
+                nursery.start_soon(self._stop_container, container_id, grace)
+
+    async def _kill_pod(self, pod: Pod | None, runtime: RuntimePodStatus) -> None:
+        """Stop every running container, regular ones first, then sidecars in reverse order.
+
+        Sidecars outlive the containers they serve; each waits for the ones declared
+        after it, within what is left of the pod's grace period.
+        """
+        running = [c for c in runtime.containers if c.state is ContainerState.RUNNING]
+        sidecar_order = [c.name for c in pod.spec.init_containers if is_sidecar(c)] if pod else []
+        specs = _specs_by_name(pod) if pod else {}
+        first = [c for c in running if c.name not in sidecar_order]
+        grace_total = kill_grace_period(pod, None, "") if pod is not None else ORPHAN_GRACE
+        deadline = trio.current_time() + grace_total
+        async with trio.open_nursery() as nursery:
+            for container in first:
+                grace = (
+                    kill_grace_period(pod, specs.get(container.name), "") if pod else grace_total
+                )
+                nursery.start_soon(self._stop_container, container.id, grace)
+        for name in reversed(sidecar_order):
+            for container in running:
+                if container.name == name:
+                    remaining = max(2, math.ceil(deadline - trio.current_time()))
+                    await self._stop_container(container.id, remaining)
+        for sandbox in runtime.sandboxes:
+            if sandbox.state is SandboxState.READY:
+                await self._ctx.client.stop_pod_sandbox(sandbox.id)
+
+    async def _stop_container(self, container_id: str, grace: int) -> None:
+        await self._ctx.client.stop_container(container_id, timeout=grace)
+
+    async def _remove_init_containers(
+        self, pod: Pod, runtime: RuntimePodStatus, *, keep_newest: bool
+    ) -> None:
+        """Remove exited instances of regular init containers (all, or all but the newest)."""
+        for init in pod.spec.init_containers:
+            if is_sidecar(init):
+                continue
+            exited = [c for c in runtime.instances(init.name) if c.state is ContainerState.EXITED]
+            for instance in exited[1:] if keep_newest else exited:
+                await self._ctx.client.remove_container(instance.id)
+
+    # -- teardown ---------------------------------------------------------------------------
+
+    async def _terminate(self) -> None:
+        """Tear the pod down: kill with grace, then remove its containers, sandboxes and logs."""
+        ctx = self._ctx
+        runtime = await inspect_pod(ctx.client, self.uid)
+        pod = ctx.store.get(self.uid)
+        name = pod.full_name if pod else f"{runtime.name}_{runtime.namespace}"
+        log.info("Tearing down pod %s (%s)", name, self.uid)
+        await self._kill_pod(pod, runtime)
+        for container in runtime.containers:
+            await ctx.client.remove_container(container.id)
+        for sandbox in runtime.sandboxes:
+            await ctx.client.remove_pod_sandbox(sandbox.id)
+        if runtime.name:
+            log_dir = ctx.pod_logs_dir / f"{runtime.namespace}_{runtime.name}_{self.uid}"
+            shutil.rmtree(log_dir, ignore_errors=True)
+        ctx.store.remove(self.uid)
+        log.info("Pod %s (%s) is gone", name, self.uid)
+
+    # -- status -----------------------------------------------------------------------------
+
+    def _publish(
+        self, pod: Pod, runtime: RuntimePodStatus, errors: dict[str, tuple[str, str]]
+    ) -> None:
+        ctx = self._ctx
+        status = compute_pod_status(
+            pod,
+            runtime,
+            now=ctx.clock.now(),
+            previous=self._status,
+            sync_errors=errors,
+            host_ip=ctx.node_ip,
+            runtime_name=ctx.runtime_name,
+        )
+        self._status = status
+        ctx.store.set(pod, status)
+
+
+def _specs_by_name(pod: Pod | None) -> dict[str, Container]:
+    if pod is None:
+        return {}
+    spec = pod.spec
+    return {
+        c.name: c
+        for group in (spec.init_containers, spec.containers, spec.ephemeral_containers)
+        for c in group
+    }
+
+
+def _pod_name(pod: Pod | None, uid: str) -> str:
+    return pod.full_name if pod is not None else uid

@@ -1,0 +1,429 @@
+"""The trio-facing CRI client: typed calls over grpclib, hosted in a trio-asyncio loop.
+
+This is the only module of the agent that knows about grpclib and trio-asyncio.
+Callers get betterproto2 messages (or plain values) back and `CRIError`
+subclasses on failure; deadlines, reconnects and recording hooks live here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import grpclib
+import grpclib.client
+import grpclib.exceptions
+import trio
+import trio_asyncio
+
+from .cri.runtime import v1
+from .errors import CRIDeadlineExceeded, CRIUnavailable, StatusCode, error_for
+
+__all__ = ["CRIClient", "Observer", "open_cri_client", "socket_path"]
+
+#: Called after every call with (method, request, response or CRIError, duration in seconds).
+Observer = Callable[[str, Any, Any, float], None]
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT = 120.0  # the Go kubelet's runtimeRequestTimeout default
+
+# Failures that mean the connection itself is gone, so the channel must be rebuilt.
+_CONNECTION_ERRORS = (OSError, EOFError, grpclib.exceptions.StreamTerminatedError,
+                      grpclib.exceptions.ProtocolError)
+
+
+def socket_path(endpoint: str) -> str:
+    """The filesystem path of a ``unix://`` endpoint (a bare path is accepted too)."""
+    if endpoint.startswith("unix://"):
+        return endpoint[len("unix://"):]
+    if "://" in endpoint:
+        raise ValueError(f"unsupported CRI endpoint {endpoint!r}: only unix sockets are supported")
+    return endpoint
+
+
+async def _new_channel(path: str) -> grpclib.client.Channel:
+    # Built inside the asyncio loop so grpclib binds to it, whichever trio task asked.
+    return grpclib.client.Channel(path=path)
+
+
+class CRIClient:
+    """Typed RuntimeService + ImageService calls; get one from `open_cri_client`.
+
+    Every call has a deadline: ``timeout`` (the runtime request timeout) unless
+    the call passes ``call_timeout``. Calls are safe to make concurrently from
+    any trio task while the client is open.
+    """
+
+    def __init__(self, loop: trio_asyncio.TrioEventLoop, path: str, timeout: float,
+                 observer: Observer | None = None) -> None:
+        self._loop = loop
+        self.path = path
+        self.timeout = timeout
+        self.observer = observer
+        self._channel: grpclib.client.Channel | None = None
+        self._runtime: v1.RuntimeServiceStub | None = None
+        self._images: v1.ImageServiceStub | None = None
+        self._connect_lock = trio.Lock()
+        self._closed = False
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    async def _stubs(self) -> tuple[grpclib.client.Channel, v1.RuntimeServiceStub,
+                                    v1.ImageServiceStub]:
+        if self._channel is None:
+            async with self._connect_lock:
+                if self._channel is None:
+                    channel = await self._loop.run_aio_coroutine(_new_channel(self.path))
+                    self._runtime = v1.RuntimeServiceStub(channel)
+                    self._images = v1.ImageServiceStub(channel)
+                    self._channel = channel
+        assert self._runtime is not None and self._images is not None
+        return self._channel, self._runtime, self._images
+
+    def _drop_channel(self, channel: grpclib.client.Channel) -> None:
+        """Forget a broken channel so the next call dials the socket again."""
+        if self._channel is channel:
+            self._channel = self._runtime = self._images = None
+        channel.close()
+
+    async def _call(self, method: str, request: Any,
+                    send: Callable[[v1.RuntimeServiceStub, v1.ImageServiceStub, float | None],
+                                   Coroutine[Any, Any, T]],
+                    deadline: float | None) -> T:
+        """Run one RPC in the asyncio loop, translating failures into CRIError."""
+        start = trio.current_time()
+        channel: grpclib.client.Channel | None = None
+        if self._closed:
+            raise CRIUnavailable(method, StatusCode.UNAVAILABLE, "the CRI client is closed")
+        try:
+            channel, runtime, images = await self._stubs()
+            response: T = await self._loop.run_aio_coroutine(send(runtime, images, deadline))
+        except grpclib.GRPCError as exc:
+            error = error_for(method, exc.status.value, exc.message or "")
+            if isinstance(error, CRIUnavailable) and channel is not None:
+                self._drop_channel(channel)
+            self._observe(method, request, error, start)
+            raise error from exc
+        except TimeoutError as exc:
+            error = CRIDeadlineExceeded(method, StatusCode.DEADLINE_EXCEEDED,
+                                        f"no answer within {deadline}s")
+            self._observe(method, request, error, start)
+            raise error from exc
+        except _CONNECTION_ERRORS as exc:
+            if channel is not None:
+                self._drop_channel(channel)
+            error = CRIUnavailable(method, StatusCode.UNAVAILABLE,
+                                   f"{self.path}: {type(exc).__name__}: {exc}".rstrip(": "))
+            self._observe(method, request, error, start)
+            raise error from exc
+        self._observe(method, request, response, start)
+        return response
+
+    def _observe(self, method: str, request: Any, outcome: Any, start: float) -> None:
+        if self.observer is not None:
+            self.observer(method, request, outcome, trio.current_time() - start)
+
+    def _deadline(self, call_timeout: float | None, extra: float = 0.0) -> float:
+        return (self.timeout + extra) if call_timeout is None else call_timeout
+
+    async def aclose(self) -> None:
+        """Close the connection; later calls fail with CRIUnavailable."""
+        self._closed = True
+        if self._channel is not None:
+            self._drop_channel(self._channel)
+
+    # -- RuntimeService: runtime ------------------------------------------------------------
+
+    async def version(self, *, call_timeout: float | None = None) -> v1.VersionResponse:
+        request = v1.VersionRequest(version="v1")
+        return await self._call("Version", request,
+                                lambda r, _, t: r.version(request, timeout=t),
+                                self._deadline(call_timeout))
+
+    async def status(self, *, verbose: bool = False,
+                     call_timeout: float | None = None) -> v1.StatusResponse:
+        request = v1.StatusRequest(verbose=verbose)
+        return await self._call("Status", request,
+                                lambda r, _, t: r.status(request, timeout=t),
+                                self._deadline(call_timeout))
+
+    async def update_runtime_config(self, *, pod_cidr: str,
+                                    call_timeout: float | None = None) -> None:
+        request = v1.UpdateRuntimeConfigRequest(
+            runtime_config=v1.RuntimeConfig(network_config=v1.NetworkConfig(pod_cidr=pod_cidr)))
+        await self._call("UpdateRuntimeConfig", request,
+                         lambda r, _, t: r.update_runtime_config(request, timeout=t),
+                         self._deadline(call_timeout))
+
+    async def runtime_config(self, *,
+                             call_timeout: float | None = None) -> v1.RuntimeConfigResponse:
+        request = v1.RuntimeConfigRequest()
+        return await self._call("RuntimeConfig", request,
+                                lambda r, _, t: r.runtime_config(request, timeout=t),
+                                self._deadline(call_timeout))
+
+    # -- RuntimeService: sandboxes ----------------------------------------------------------
+
+    async def run_pod_sandbox(self, config: v1.PodSandboxConfig, *, runtime_handler: str = "",
+                              call_timeout: float | None = None) -> str:
+        """Create and start a sandbox; returns its id."""
+        request = v1.RunPodSandboxRequest(config=config, runtime_handler=runtime_handler)
+        response = await self._call("RunPodSandbox", request,
+                                    lambda r, _, t: r.run_pod_sandbox(request, timeout=t),
+                                    self._deadline(call_timeout))
+        return response.pod_sandbox_id
+
+    async def stop_pod_sandbox(self, id: str, *, call_timeout: float | None = None) -> None:
+        request = v1.StopPodSandboxRequest(pod_sandbox_id=id)
+        await self._call("StopPodSandbox", request,
+                         lambda r, _, t: r.stop_pod_sandbox(request, timeout=t),
+                         self._deadline(call_timeout))
+
+    async def remove_pod_sandbox(self, id: str, *, call_timeout: float | None = None) -> None:
+        request = v1.RemovePodSandboxRequest(pod_sandbox_id=id)
+        await self._call("RemovePodSandbox", request,
+                         lambda r, _, t: r.remove_pod_sandbox(request, timeout=t),
+                         self._deadline(call_timeout))
+
+    async def pod_sandbox_status(self, id: str, *, verbose: bool = False,
+                                 call_timeout: float | None = None
+                                 ) -> v1.PodSandboxStatusResponse:
+        request = v1.PodSandboxStatusRequest(pod_sandbox_id=id, verbose=verbose)
+        return await self._call("PodSandboxStatus", request,
+                                lambda r, _, t: r.pod_sandbox_status(request, timeout=t),
+                                self._deadline(call_timeout))
+
+    async def list_pod_sandbox(self, filter: v1.PodSandboxFilter | None = None, *,
+                               call_timeout: float | None = None) -> list[v1.PodSandbox]:
+        request = v1.ListPodSandboxRequest(filter=filter)
+        response = await self._call("ListPodSandbox", request,
+                                    lambda r, _, t: r.list_pod_sandbox(request, timeout=t),
+                                    self._deadline(call_timeout))
+        return response.items
+
+    # -- RuntimeService: containers ---------------------------------------------------------
+
+    async def create_container(self, pod_sandbox_id: str, config: v1.ContainerConfig,
+                               sandbox_config: v1.PodSandboxConfig, *,
+                               call_timeout: float | None = None) -> str:
+        """Create a container in a sandbox; returns its id."""
+        request = v1.CreateContainerRequest(pod_sandbox_id=pod_sandbox_id, config=config,
+                                            sandbox_config=sandbox_config)
+        response = await self._call("CreateContainer", request,
+                                    lambda r, _, t: r.create_container(request, timeout=t),
+                                    self._deadline(call_timeout))
+        return response.container_id
+
+    async def start_container(self, id: str, *, call_timeout: float | None = None) -> None:
+        request = v1.StartContainerRequest(container_id=id)
+        await self._call("StartContainer", request,
+                         lambda r, _, t: r.start_container(request, timeout=t),
+                         self._deadline(call_timeout))
+
+    async def stop_container(self, id: str, timeout: int, *,
+                             call_timeout: float | None = None) -> None:
+        """Stop with a grace period of ``timeout`` seconds (the call may take that long)."""
+        request = v1.StopContainerRequest(container_id=id, timeout=timeout)
+        await self._call("StopContainer", request,
+                         lambda r, _, t: r.stop_container(request, timeout=t),
+                         self._deadline(call_timeout, extra=max(timeout, 0)))
+
+    async def remove_container(self, id: str, *, call_timeout: float | None = None) -> None:
+        request = v1.RemoveContainerRequest(container_id=id)
+        await self._call("RemoveContainer", request,
+                         lambda r, _, t: r.remove_container(request, timeout=t),
+                         self._deadline(call_timeout))
+
+    async def list_containers(self, filter: v1.ContainerFilter | None = None, *,
+                              call_timeout: float | None = None) -> list[v1.Container]:
+        request = v1.ListContainersRequest(filter=filter)
+        response = await self._call("ListContainers", request,
+                                    lambda r, _, t: r.list_containers(request, timeout=t),
+                                    self._deadline(call_timeout))
+        return response.containers
+
+    async def container_status(self, id: str, *, verbose: bool = False,
+                               call_timeout: float | None = None) -> v1.ContainerStatusResponse:
+        request = v1.ContainerStatusRequest(container_id=id, verbose=verbose)
+        return await self._call("ContainerStatus", request,
+                                lambda r, _, t: r.container_status(request, timeout=t),
+                                self._deadline(call_timeout))
+
+    async def update_container_resources(
+        self, id: str, *, linux: v1.LinuxContainerResources | None = None,
+        windows: v1.WindowsContainerResources | None = None,
+        annotations: Mapping[str, str] | None = None, call_timeout: float | None = None,
+    ) -> None:
+        request = v1.UpdateContainerResourcesRequest(
+            container_id=id, linux=linux, windows=windows, annotations=dict(annotations or {}))
+        await self._call("UpdateContainerResources", request,
+                         lambda r, _, t: r.update_container_resources(request, timeout=t),
+                         self._deadline(call_timeout))
+
+    async def reopen_container_log(self, id: str, *, call_timeout: float | None = None) -> None:
+        request = v1.ReopenContainerLogRequest(container_id=id)
+        await self._call("ReopenContainerLog", request,
+                         lambda r, _, t: r.reopen_container_log(request, timeout=t),
+                         self._deadline(call_timeout))
+
+    # -- RuntimeService: exec and streaming -------------------------------------------------
+
+    async def exec_sync(self, id: str, cmd: list[str], timeout: float, *,
+                        call_timeout: float | None = None) -> v1.ExecSyncResponse:
+        """Run ``cmd`` in the container; ``timeout`` (s, 0 = none) bounds the command.
+
+        As in the Go kubelet the call's deadline is the command timeout plus the
+        runtime request timeout, and none at all for a command without timeout.
+        """
+        request = v1.ExecSyncRequest(container_id=id, cmd=list(cmd), timeout=math.ceil(timeout))
+        deadline = call_timeout
+        if deadline is None and timeout > 0:
+            deadline = self.timeout + timeout
+        return await self._call("ExecSync", request,
+                                lambda r, _, t: r.exec_sync(request, timeout=t), deadline)
+
+    async def exec(self, request: v1.ExecRequest, *, call_timeout: float | None = None) -> str:
+        """Prepare a streaming exec; returns the runtime's streaming URL."""
+        response = await self._call("Exec", request, lambda r, _, t: r.exec(request, timeout=t),
+                                    self._deadline(call_timeout))
+        return response.url
+
+    async def attach(self, request: v1.AttachRequest, *,
+                     call_timeout: float | None = None) -> str:
+        response = await self._call("Attach", request,
+                                    lambda r, _, t: r.attach(request, timeout=t),
+                                    self._deadline(call_timeout))
+        return response.url
+
+    async def port_forward(self, request: v1.PortForwardRequest, *,
+                           call_timeout: float | None = None) -> str:
+        response = await self._call("PortForward", request,
+                                    lambda r, _, t: r.port_forward(request, timeout=t),
+                                    self._deadline(call_timeout))
+        return response.url
+
+    # -- RuntimeService: stats --------------------------------------------------------------
+
+    async def container_stats(self, id: str, *,
+                              call_timeout: float | None = None) -> v1.ContainerStats | None:
+        request = v1.ContainerStatsRequest(container_id=id)
+        response = await self._call("ContainerStats", request,
+                                    lambda r, _, t: r.container_stats(request, timeout=t),
+                                    self._deadline(call_timeout))
+        return response.stats
+
+    async def list_container_stats(self, filter: v1.ContainerStatsFilter | None = None, *,
+                                   call_timeout: float | None = None) -> list[v1.ContainerStats]:
+        request = v1.ListContainerStatsRequest(filter=filter)
+        response = await self._call("ListContainerStats", request,
+                                    lambda r, _, t: r.list_container_stats(request, timeout=t),
+                                    self._deadline(call_timeout))
+        return response.stats
+
+    async def pod_sandbox_stats(self, id: str, *,
+                                call_timeout: float | None = None) -> v1.PodSandboxStats | None:
+        request = v1.PodSandboxStatsRequest(pod_sandbox_id=id)
+        response = await self._call("PodSandboxStats", request,
+                                    lambda r, _, t: r.pod_sandbox_stats(request, timeout=t),
+                                    self._deadline(call_timeout))
+        return response.stats
+
+    async def list_pod_sandbox_stats(self, filter: v1.PodSandboxStatsFilter | None = None, *,
+                                     call_timeout: float | None = None
+                                     ) -> list[v1.PodSandboxStats]:
+        request = v1.ListPodSandboxStatsRequest(filter=filter)
+        response = await self._call("ListPodSandboxStats", request,
+                                    lambda r, _, t: r.list_pod_sandbox_stats(request, timeout=t),
+                                    self._deadline(call_timeout))
+        return response.stats
+
+    # -- ImageService -----------------------------------------------------------------------
+
+    async def list_images(self, filter: v1.ImageFilter | None = None, *,
+                          call_timeout: float | None = None) -> list[v1.Image]:
+        request = v1.ListImagesRequest(filter=filter)
+        response = await self._call("ListImages", request,
+                                    lambda _, i, t: i.list_images(request, timeout=t),
+                                    self._deadline(call_timeout))
+        return response.images
+
+    async def image_status(self, ref: str, *, verbose: bool = False,
+                           call_timeout: float | None = None) -> v1.Image | None:
+        """The image, or None when the runtime does not have it (an unset field, not an error)."""
+        request = v1.ImageStatusRequest(image=v1.ImageSpec(image=ref), verbose=verbose)
+        response = await self._call("ImageStatus", request,
+                                    lambda _, i, t: i.image_status(request, timeout=t),
+                                    self._deadline(call_timeout))
+        image = response.image
+        return image if image is not None and image.id else None
+
+    async def pull_image(self, ref: str, *, auth: v1.AuthConfig | None = None,
+                         sandbox_config: v1.PodSandboxConfig | None = None,
+                         call_timeout: float | None = None) -> str:
+        """Pull an image; returns its image ref. No deadline unless ``call_timeout``.
+
+        Pulls legitimately take longer than the request timeout; like the Go
+        kubelet we let them run and rely on cancellation instead.
+        """
+        request = v1.PullImageRequest(image=v1.ImageSpec(image=ref), auth=auth,
+                                      sandbox_config=sandbox_config)
+        response = await self._call("PullImage", request,
+                                    lambda _, i, t: i.pull_image(request, timeout=t),
+                                    call_timeout)
+        return response.image_ref
+
+    async def remove_image(self, ref: str, *, call_timeout: float | None = None) -> None:
+        request = v1.RemoveImageRequest(image=v1.ImageSpec(image=ref))
+        await self._call("RemoveImage", request,
+                         lambda _, i, t: i.remove_image(request, timeout=t),
+                         self._deadline(call_timeout))
+
+    async def image_fs_info(self, *,
+                            call_timeout: float | None = None) -> v1.ImageFsInfoResponse:
+        request = v1.ImageFsInfoRequest()
+        return await self._call("ImageFsInfo", request,
+                                lambda _, i, t: i.image_fs_info(request, timeout=t),
+                                self._deadline(call_timeout))
+
+
+def only_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The single exception inside (possibly nested) groups, else None."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    return leaves[0] if len(leaves) == 1 else None
+
+
+@asynccontextmanager
+async def open_cri_client(endpoint: str, timeout: float = DEFAULT_TIMEOUT, *,
+                          observer: Observer | None = None) -> AsyncIterator[CRIClient]:
+    """Open a CRI client for ``endpoint`` (``unix:///run/x.sock`` or a path).
+
+    Nothing is dialled until the first call, so this succeeds even while the
+    runtime is down; calls then raise `CRIUnavailable` until it is back.
+    """
+    path = socket_path(endpoint)
+    try:
+        async with trio_asyncio.open_loop() as loop:
+            client = CRIClient(loop, path, timeout, observer)
+            try:
+                yield client
+            finally:
+                await client.aclose()
+    except BaseExceptionGroup as group:
+        # trio-asyncio's nurseries wrap whatever the body raised; give trio callers
+        # back the plain exception they would have seen without the bridge.
+        error = only_error(group)
+        if error is None:
+            raise
+        raise error from None

@@ -1,0 +1,101 @@
+"""Translating a pod spec into the CRI's sandbox and container configurations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trio_kubelet.core.hashing import container_hash
+from trio_kubelet.model.pod import Container, Pod
+from trio_kubelet.runtime import labels
+from trio_kubelet.runtime.cri.runtime import v1 as cri
+
+_PROTOCOLS = {"TCP": cri.Protocol.TCP, "UDP": cri.Protocol.UDP, "SCTP": cri.Protocol.SCTP}
+
+
+def pod_log_directory(pod_logs_dir: Path, pod: Pod) -> Path:
+    """``<podLogsDir>/<namespace>_<name>_<uid>``, where the runtime writes container logs."""
+    meta = pod.metadata
+    return pod_logs_dir / f"{meta.namespace}_{meta.name}_{meta.uid}"
+
+
+def container_log_path(container_name: str, restart_count: int) -> str:
+    """The log file of one container instance, relative to the pod log directory."""
+    return f"{container_name}/{restart_count}.log"
+
+
+def _namespace_options(pod: Pod) -> cri.NamespaceOption:
+    spec = pod.spec
+    return cri.NamespaceOption(
+        network=cri.NamespaceMode.NODE if spec.host_network else cri.NamespaceMode.POD,
+        pid=cri.NamespaceMode.NODE if spec.host_pid else cri.NamespaceMode.CONTAINER,
+        ipc=cri.NamespaceMode.NODE if spec.host_ipc else cri.NamespaceMode.POD,
+    )
+
+
+def sandbox_hostname(pod: Pod) -> str:
+    """The pod's hostname: empty with host network (the runtime needs its own UTS namespace)."""
+    if pod.spec.host_network:
+        return ""
+    return (pod.spec.hostname or pod.metadata.name)[:63].rstrip("-.")
+
+
+def sandbox_config(pod: Pod, attempt: int, pod_logs_dir: Path) -> cri.PodSandboxConfig:
+    meta = pod.metadata
+    ports = [
+        cri.PortMapping(
+            protocol=_PROTOCOLS[port.protocol],
+            container_port=port.container_port,
+            host_port=port.host_port,
+            host_ip=port.host_ip or "",
+        )
+        for container in pod.spec.containers
+        for port in container.ports
+        if port.host_port
+    ]
+    return cri.PodSandboxConfig(
+        metadata=cri.PodSandboxMetadata(
+            name=meta.name, uid=meta.uid, namespace=meta.namespace, attempt=attempt
+        ),
+        hostname=sandbox_hostname(pod),
+        log_directory=str(pod_log_directory(pod_logs_dir, pod)),
+        port_mappings=ports,
+        labels=labels.sandbox_labels(meta.uid, meta.name, meta.namespace, meta.labels),
+        annotations=dict(meta.annotations),
+        linux=cri.LinuxPodSandboxConfig(
+            security_context=cri.LinuxSandboxSecurityContext(
+                namespace_options=_namespace_options(pod)
+            ),
+        ),
+    )
+
+
+def container_config(
+    pod: Pod, container: Container, *, kind: str, image_ref: str, restart_count: int
+) -> cri.ContainerConfig:
+    """``kind`` is "init", "sidecar", "ephemeral" or "regular" (stored for adoption and GC)."""
+    meta = pod.metadata
+    envs = [cri.KeyValue(key=env.name, value=env.value or "") for env in container.env]
+    return cri.ContainerConfig(
+        metadata=cri.ContainerMetadata(name=container.name, attempt=restart_count),
+        image=cri.ImageSpec(image=image_ref, user_specified_image=container.image),
+        command=list(container.command),
+        args=list(container.args),
+        working_dir=container.working_dir or "",
+        envs=envs,
+        labels=labels.container_labels(meta.uid, meta.name, meta.namespace, container.name),
+        annotations=labels.container_annotations(
+            container_hash(container),
+            restart_count,
+            kind,
+            pod.spec.termination_grace_period_seconds,
+        ),
+        log_path=container_log_path(container.name, restart_count),
+        stdin=container.stdin,
+        stdin_once=container.stdin_once,
+        tty=container.tty,
+        linux=cri.LinuxContainerConfig(
+            security_context=cri.LinuxContainerSecurityContext(
+                namespace_options=_namespace_options(pod)
+            ),
+        ),
+    )

@@ -1,0 +1,1102 @@
+"""An in-memory, scriptable CRI runtime that behaves like containerd, for tests and simulation.
+
+`FakeRuntime` holds the state and containerd's rules (sync methods taking and
+returning CRI messages, raising `CRIError`), so it can also be driven without
+any socket. `serve_fake_runtime` serves it over a real unix socket with grpclib
+(hosted in a trio-asyncio loop) so the real `CRIClient` can talk to it.
+
+Time comes from an injectable ``clock`` (seconds since the epoch). Scripted
+container exits are evaluated lazily whenever state is read, so nothing runs in
+the background and results are deterministic under a fake clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import json
+import math
+import os
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, TypeVar, cast
+
+import grpclib
+import grpclib.const
+import grpclib.protocol
+import grpclib.server
+import trio
+import trio_asyncio
+from grpclib.encoding.proto import ProtoCodec
+
+from .cri.runtime import v1
+from .errors import CRIError, StatusCode, error_for
+
+__all__ = [
+    "ContainerScript", "ExecResult", "FakeRuntime", "normalize_image_ref", "serve_fake_runtime",
+]
+
+Clock = Callable[[], float]
+Q = TypeVar("Q")
+R = TypeVar("R")
+
+RUNNING = v1.ContainerState.CONTAINER_RUNNING
+CREATED = v1.ContainerState.CONTAINER_CREATED
+EXITED = v1.ContainerState.CONTAINER_EXITED
+READY = v1.PodSandboxState.SANDBOX_READY
+NOTREADY = v1.PodSandboxState.SANDBOX_NOTREADY
+
+START_ERROR_EXIT_CODE = 128  # containerd's exit code and reason for a failed start
+KILLED_EXIT_CODE = 137
+IMAGE_FS_MOUNTPOINT = "/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs"
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """What an ExecSync of a command answers; ``delay`` is how long the command runs."""
+
+    stdout: bytes = b""
+    stderr: bytes = b""
+    exit_code: int = 0
+    delay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerScript:
+    """How one (pod name, container name) behaves in the fake.
+
+    ``exit_after`` seconds after a successful start the process exits with
+    ``exit_code`` (or is OOM-killed, 137, if ``oom``). ``fail_create`` /
+    ``fail_start`` make those calls fail with the given message (a failed start
+    leaves the container EXITED with reason StartError, as containerd does).
+    On StopContainer the process needs ``term_grace`` seconds to exit on SIGTERM
+    with ``stop_exit_code``; if that exceeds the stop timeout it is killed (137).
+    ExecSync answers from ``exec_results`` by exact argv, else ``default_exec``.
+    """
+
+    exit_after: float | None = None
+    exit_code: int = 0
+    oom: bool = False
+    fail_create: str | None = None
+    fail_start: str | None = None
+    term_grace: float = 0.0
+    stop_exit_code: int = 143
+    exec_results: Mapping[tuple[str, ...], ExecResult] = field(default_factory=dict)
+    default_exec: ExecResult = ExecResult()
+
+
+DEFAULT_SCRIPT = ContainerScript()
+
+
+@dataclass(slots=True)
+class _Image:
+    id: str
+    repo_tags: list[str]
+    repo_digests: list[str]
+    size: int
+
+    def message(self) -> v1.Image:
+        return v1.Image(id=self.id, repo_tags=list(self.repo_tags),
+                        repo_digests=list(self.repo_digests), size=self.size,
+                        spec=v1.ImageSpec(image=self.id))
+
+
+@dataclass(slots=True)
+class _Sandbox:
+    id: str
+    config: v1.PodSandboxConfig
+    metadata: v1.PodSandboxMetadata
+    created_at: int
+    runtime_handler: str
+    network_mode: v1.NamespaceMode
+    ip: str
+    name_key: str
+    state: v1.PodSandboxState = READY
+    listed: v1.PodSandbox | None = None  # caches, dropped on every change
+    wire: bytes | None = None
+
+    def changed(self) -> None:
+        self.listed = self.wire = None
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.config.labels
+
+
+@dataclass(slots=True)
+class _Container:
+    id: str
+    sandbox_id: str
+    pod_name: str
+    config: v1.ContainerConfig
+    metadata: v1.ContainerMetadata
+    image_id: str
+    image_ref: str
+    created_at: int
+    log_path: str
+    name_key: str
+    resources: v1.LinuxContainerResources | None
+    state: v1.ContainerState = CREATED
+    started_at: int = 0
+    finished_at: int = 0
+    exit_code: int = 0
+    reason: str = ""
+    message: str = ""
+    exit_at: int | None = None  # ns; when a scripted exit is due
+    exit_plan: tuple[int, str] = (0, "")  # (exit code, reason) of the scripted exit
+    cpu_ns: int = 0
+    memory_bytes: int = 0
+    listed: v1.Container | None = None  # caches, dropped on every change
+    wire: bytes | None = None
+
+    def changed(self) -> None:
+        self.listed = self.wire = None
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.config.labels
+
+
+def _fail(method: str, code: StatusCode, message: str) -> NoReturn:
+    raise error_for(method, code, message)
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * 1_000_000_000)
+
+
+def _matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def _repeated_field_1(encoded: bytes) -> bytes:
+    """One element of a repeated message field number 1, as it appears on the wire."""
+    size, prefix = len(encoded), bytearray(b"\x0a")
+    while size > 0x7F:
+        prefix.append((size & 0x7F) | 0x80)
+        size >>= 7
+    prefix.append(size)
+    return bytes(prefix) + encoded
+
+
+def normalize_image_ref(ref: str) -> str:
+    """Docker-style normalisation: ``busybox`` -> ``docker.io/library/busybox:latest``."""
+    if ref.startswith("sha256:"):
+        return ref
+    name, at, digest = ref.partition("@")
+    first, slash, _ = name.partition("/")
+    if not slash or ("." not in first and ":" not in first and first != "localhost"):
+        name = f"docker.io/{name}" if slash else f"docker.io/library/{name}"
+    if not at and ":" not in name.rsplit("/", 1)[-1]:
+        name += ":latest"
+    return f"{name}{at}{digest}"
+
+
+class FakeRuntime:
+    """containerd's CRI behaviour over in-memory state; see the module docstring."""
+
+    def __init__(self, clock: Clock = time.time, *, pull_by_default: bool = True,
+                 runtime_handlers: Iterable[str] = ("", "runc")) -> None:
+        self.clock = clock
+        self.pull_by_default = pull_by_default
+        self.runtime_handlers = set(runtime_handlers)
+        #: Number of calls per CRI method name ("RunPodSandbox"), counted by the server.
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.pod_cidr = ""
+        self._sandboxes: dict[str, _Sandbox] = {}
+        self._containers: dict[str, _Container] = {}
+        self._names: dict[str, str] = {}  # reserved sandbox/container name -> id
+        self._images: dict[str, _Image] = {}  # image id -> image
+        self._tags: dict[str, str] = {}  # normalized tag or digest ref -> image id
+        self._pullable: dict[str, bool] = {}
+        self._scripts: dict[tuple[str, str], ContainerScript] = {}
+        self._sandbox_failures: dict[str, str] = {}
+        self._pending_exits: set[str] = set()
+        self._delays: dict[str, float] = {}
+        self._unavailable = False
+        self._network_ready = True
+        self._serial = 0
+        self._ips = 0
+
+    # -- scripting API (for tests) ----------------------------------------------------------
+
+    def script(self, pod: str, container: str, behaviour: ContainerScript) -> None:
+        """Script every future container named ``container`` in pods named ``pod``."""
+        self._scripts[(pod, container)] = behaviour
+
+    def fail_sandbox(self, pod: str, message: str | None) -> None:
+        """Make RunPodSandbox for pods named ``pod`` fail (None clears it)."""
+        if message is None:
+            self._sandbox_failures.pop(pod, None)
+        else:
+            self._sandbox_failures[pod] = message
+
+    def add_image(self, ref: str, *, size: int = 1_000_000) -> str:
+        """Make an image present (as if pulled); returns its id."""
+        name = normalize_image_ref(ref)
+        image_id = f"sha256:{_digest('image', name)}"
+        image = self._images.get(image_id)
+        if image is None:
+            repo = name.rsplit(":", 1)[0] if "@" not in name else name.split("@")[0]
+            digest = f"{repo}@sha256:{_digest('manifest', name)}"
+            image = self._images[image_id] = _Image(image_id, [], [digest], size)
+            self._tags[digest] = image_id
+        if "@" not in name and name not in image.repo_tags:
+            image.repo_tags.append(name)
+        self._tags[name] = image_id
+        return image_id
+
+    def set_pullable(self, ref: str, ok: bool) -> None:
+        """Whether PullImage of ``ref`` succeeds (others follow ``pull_by_default``)."""
+        self._pullable[normalize_image_ref(ref)] = ok
+
+    def crash(self, container_id: str, exit_code: int = 1) -> None:
+        """The container's process exits now with ``exit_code``."""
+        container = self._container("crash", container_id)
+        self._settle(container)
+        if container.state == RUNNING:
+            self._exit(container, exit_code, "Completed" if exit_code == 0 else "Error",
+                       _ns(self.clock()))
+
+    def oom_kill(self, container_id: str) -> None:
+        """The kernel OOM-kills the container's process now."""
+        container = self._container("oom_kill", container_id)
+        self._settle(container)
+        if container.state == RUNNING:
+            self._exit(container, KILLED_EXIT_CODE, "OOMKilled", _ns(self.clock()))
+
+    def set_usage(self, container_id: str, *, cpu_ns: int, memory_bytes: int) -> None:
+        """What the stats RPCs report for a container."""
+        container = self._container("set_usage", container_id)
+        container.cpu_ns, container.memory_bytes = cpu_ns, memory_bytes
+
+    def set_unavailable(self, unavailable: bool) -> None:
+        """Simulate an outage: every served call answers UNAVAILABLE."""
+        self._unavailable = unavailable
+
+    def set_network_ready(self, ready: bool) -> None:
+        self._network_ready = ready
+
+    def set_delay(self, method: str, seconds: float) -> None:
+        """Delay every served call of ``method`` (e.g. to exceed a deadline)."""
+        if seconds > 0:
+            self._delays[method] = seconds
+        else:
+            self._delays.pop(method, None)
+
+    def container_ids(self) -> list[str]:
+        return list(self._containers)
+
+    def sandbox_ids(self) -> list[str]:
+        return list(self._sandboxes)
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _next_id(self, kind: str) -> str:
+        self._serial += 1
+        return _digest(kind, str(self._serial))
+
+    def _sandbox(self, method: str, id: str) -> _Sandbox:
+        sandbox = self._sandboxes.get(id) or self._by_prefix(self._sandboxes, id)
+        if sandbox is None:
+            _fail(method, StatusCode.NOT_FOUND,
+                  f"an error occurred when try to find sandbox {id!r}: not found")
+        return sandbox
+
+    def _container(self, method: str, id: str) -> _Container:
+        container = self._containers.get(id) or self._by_prefix(self._containers, id)
+        if container is None:
+            _fail(method, StatusCode.NOT_FOUND,
+                  f"an error occurred when try to find container {id!r}: not found")
+        return container
+
+    @staticmethod
+    def _by_prefix(store: Mapping[str, Any], prefix: str) -> Any:
+        # containerd resolves unique id prefixes (truncindex).
+        if not prefix:
+            return None
+        found = [v for k, v in store.items() if k.startswith(prefix)]
+        return found[0] if len(found) == 1 else None
+
+    def _script(self, container: _Container) -> ContainerScript:
+        return self._scripts.get((container.pod_name, container.metadata.name), DEFAULT_SCRIPT)
+
+    def _settle(self, container: _Container) -> None:
+        """Apply a scripted exit whose time has come."""
+        if container.exit_at is not None and _ns(self.clock()) >= container.exit_at:
+            code, reason = container.exit_plan
+            self._exit(container, code, reason, container.exit_at)
+
+    def _settle_all(self) -> None:
+        if self._pending_exits:
+            for id in list(self._pending_exits):
+                self._settle(self._containers[id])
+
+    def _exit(self, container: _Container, code: int, reason: str, at: int) -> None:
+        container.state = EXITED
+        container.exit_code, container.reason, container.finished_at = code, reason, at
+        container.exit_at = None
+        container.changed()
+        self._pending_exits.discard(container.id)
+
+    def _resolve_image(self, ref: str) -> _Image | None:
+        if ref.startswith("sha256:"):
+            return self._images.get(ref) or self._by_prefix(self._images, ref)
+        image_id = self._tags.get(normalize_image_ref(ref))
+        return self._images.get(image_id) if image_id else None
+
+    # -- RuntimeService ---------------------------------------------------------------------
+
+    def version(self, request: v1.VersionRequest) -> v1.VersionResponse:
+        return v1.VersionResponse(version="0.1.0", runtime_name="fake",
+                                  runtime_version="0.1.0", runtime_api_version="v1")
+
+    def status(self, request: v1.StatusRequest) -> v1.StatusResponse:
+        network = v1.RuntimeCondition(type="NetworkReady", status=self._network_ready)
+        if not self._network_ready:
+            network.reason = "NetworkPluginNotReady"
+            network.message = "Network plugin returns error: cni plugin not initialized"
+        conditions = [v1.RuntimeCondition(type="RuntimeReady", status=True), network]
+        info = {"config": json.dumps({"fake": True})} if request.verbose else {}
+        return v1.StatusResponse(status=v1.RuntimeStatus(conditions=conditions), info=info)
+
+    def update_runtime_config(
+        self, request: v1.UpdateRuntimeConfigRequest,
+    ) -> v1.UpdateRuntimeConfigResponse:
+        config = request.runtime_config
+        if config is not None and config.network_config is not None:
+            self.pod_cidr = config.network_config.pod_cidr
+        return v1.UpdateRuntimeConfigResponse()
+
+    def run_pod_sandbox(self, request: v1.RunPodSandboxRequest) -> v1.RunPodSandboxResponse:
+        method = "RunPodSandbox"
+        config = request.config
+        if config is None or config.metadata is None:
+            _fail(method, StatusCode.UNKNOWN, "sandbox config must include metadata")
+        meta = config.metadata
+        if request.runtime_handler not in self.runtime_handlers:
+            _fail(method, StatusCode.UNKNOWN,
+                  f"failed to get sandbox runtime: no runtime for {request.runtime_handler!r} "
+                  "is configured")
+        name_key = f"{meta.name}_{meta.namespace}_{meta.uid}_{meta.attempt}"
+        if name_key in self._names:
+            _fail(method, StatusCode.UNKNOWN,
+                  f"failed to reserve sandbox name {name_key!r}: name {name_key!r} is reserved "
+                  f"for {self._names[name_key]!r}")
+        mode = _network_mode(config)
+        if mode == v1.NamespaceMode.NODE and config.hostname:
+            _fail(method, StatusCode.UNKNOWN,
+                  "failed to start sandbox container task: unable to set hostname without a "
+                  "private UTS namespace")
+        if meta.name in self._sandbox_failures:
+            _fail(method, StatusCode.UNKNOWN, self._sandbox_failures[meta.name])
+        id = self._next_id("sandbox")
+        ip = "" if mode == v1.NamespaceMode.NODE else self._next_ip()
+        self._names[name_key] = id
+        self._sandboxes[id] = _Sandbox(
+            id=id, config=config, metadata=meta, created_at=_ns(self.clock()),
+            runtime_handler=request.runtime_handler, network_mode=mode, ip=ip, name_key=name_key)
+        return v1.RunPodSandboxResponse(pod_sandbox_id=id)
+
+    def _next_ip(self) -> str:
+        """Pod IPs from 10.88.0.2 up, never reused (like a host-local IPAM range)."""
+        self._ips += 1
+        subnet, host = divmod(self._ips - 1, 253)
+        return f"10.88.{subnet % 256}.{host + 2}"
+
+    def stop_pod_sandbox(self, request: v1.StopPodSandboxRequest) -> v1.StopPodSandboxResponse:
+        sandbox = self._sandbox("StopPodSandbox", request.pod_sandbox_id)
+        now = _ns(self.clock())
+        for container in self._containers.values():
+            if container.sandbox_id == sandbox.id:
+                self._settle(container)
+                if container.state == RUNNING:
+                    self._exit(container, KILLED_EXIT_CODE, "Error", now)
+        sandbox.state = NOTREADY
+        sandbox.changed()
+        return v1.StopPodSandboxResponse()
+
+    def remove_pod_sandbox(
+        self, request: v1.RemovePodSandboxRequest,
+    ) -> v1.RemovePodSandboxResponse:
+        sandbox = self._sandboxes.get(request.pod_sandbox_id)
+        if sandbox is None:
+            return v1.RemovePodSandboxResponse()  # containerd: nothing to do
+        if sandbox.state == READY:
+            self.stop_pod_sandbox(v1.StopPodSandboxRequest(pod_sandbox_id=sandbox.id))
+        for container in [c for c in self._containers.values() if c.sandbox_id == sandbox.id]:
+            self._forget_container(container)
+        del self._sandboxes[sandbox.id]
+        self._names.pop(sandbox.name_key, None)
+        return v1.RemovePodSandboxResponse()
+
+    def pod_sandbox_status(
+        self, request: v1.PodSandboxStatusRequest,
+    ) -> v1.PodSandboxStatusResponse:
+        sandbox = self._sandbox("PodSandboxStatus", request.pod_sandbox_id)
+        namespace = _namespace_options(sandbox.config)
+        status = v1.PodSandboxStatus(
+            id=sandbox.id, metadata=sandbox.metadata, state=sandbox.state,
+            created_at=sandbox.created_at,
+            network=v1.PodSandboxNetworkStatus(ip=sandbox.ip),
+            linux=v1.LinuxPodSandboxStatus(namespaces=v1.Namespace(options=namespace)),
+            labels=dict(sandbox.config.labels), annotations=dict(sandbox.config.annotations),
+            runtime_handler=sandbox.runtime_handler)
+        info = {}
+        if request.verbose:
+            info["info"] = json.dumps({"hostname": sandbox.config.hostname,
+                                       "cgroupParent": _cgroup_parent(sandbox.config)})
+        return v1.PodSandboxStatusResponse(status=status, info=info,
+                                           timestamp=_ns(self.clock()))
+
+    def list_pod_sandbox(self, request: v1.ListPodSandboxRequest) -> v1.ListPodSandboxResponse:
+        return v1.ListPodSandboxResponse(items=[self._listed_sandbox(s)
+                                                for s in self._select_sandboxes(request)])
+
+    def list_pod_sandbox_wire(self, request: v1.ListPodSandboxRequest) -> bytes:
+        """ListPodSandbox's answer already encoded, from per-sandbox caches (the fast path)."""
+        return b"".join(self._sandbox_wire(s) for s in self._select_sandboxes(request))
+
+    def _select_sandboxes(self, request: v1.ListPodSandboxRequest) -> list[_Sandbox]:
+        want = request.filter
+        if want is None:
+            return list(self._sandboxes.values())
+        selected = []
+        for sandbox in self._sandboxes.values():
+            if want.id and not sandbox.id.startswith(want.id):
+                continue
+            if want.state is not None and sandbox.state != want.state.state:
+                continue
+            if want.label_selector and not _matches(sandbox.labels, want.label_selector):
+                continue
+            selected.append(sandbox)
+        return selected
+
+    def _listed_sandbox(self, sandbox: _Sandbox) -> v1.PodSandbox:
+        if sandbox.listed is None:
+            sandbox.listed = v1.PodSandbox(
+                id=sandbox.id, metadata=sandbox.metadata, state=sandbox.state,
+                created_at=sandbox.created_at, labels=sandbox.config.labels,
+                annotations=sandbox.config.annotations, runtime_handler=sandbox.runtime_handler)
+        return sandbox.listed
+
+    def _sandbox_wire(self, sandbox: _Sandbox) -> bytes:
+        if sandbox.wire is None:
+            sandbox.wire = _repeated_field_1(bytes(self._listed_sandbox(sandbox)))
+        return sandbox.wire
+
+    def create_container(
+        self, request: v1.CreateContainerRequest,
+    ) -> v1.CreateContainerResponse:
+        method = "CreateContainer"
+        sandbox = self._sandbox(method, request.pod_sandbox_id)
+        config = request.config
+        if config is None or config.metadata is None:
+            _fail(method, StatusCode.UNKNOWN, "container config must include metadata")
+        meta, pod = config.metadata, sandbox.metadata
+        name_key = f"{meta.name}_{pod.name}_{pod.namespace}_{pod.uid}_{meta.attempt}"
+        if name_key in self._names:
+            _fail(method, StatusCode.UNKNOWN,
+                  f"failed to reserve container name {name_key!r}: name {name_key!r} is "
+                  f"reserved for {self._names[name_key]!r}")
+        ref = config.image.image if config.image is not None else ""
+        image = self._resolve_image(ref)
+        if image is None:
+            _fail(method, StatusCode.NOT_FOUND, f"failed to resolve image {ref!r}: not found")
+        script = self._scripts.get((pod.name, meta.name), DEFAULT_SCRIPT)
+        if script.fail_create is not None:
+            _fail(method, StatusCode.UNKNOWN, script.fail_create)
+        id = self._next_id("container")
+        log_path = ""
+        if sandbox.config.log_directory and config.log_path:
+            log_path = os.path.join(sandbox.config.log_directory, config.log_path)
+        linux = config.linux.resources if config.linux is not None else None
+        self._names[name_key] = id
+        self._containers[id] = _Container(
+            id=id, sandbox_id=sandbox.id, pod_name=pod.name, config=config, metadata=meta,
+            image_id=image.id, image_ref=image.repo_digests[0] if image.repo_digests else image.id,
+            created_at=_ns(self.clock()), log_path=log_path, name_key=name_key, resources=linux)
+        return v1.CreateContainerResponse(container_id=id)
+
+    def start_container(self, request: v1.StartContainerRequest) -> v1.StartContainerResponse:
+        method = "StartContainer"
+        container = self._container(method, request.container_id)
+        self._settle(container)
+        if container.state != CREATED:
+            _fail(method, StatusCode.UNKNOWN,
+                  f"failed to set starting state for container {container.id!r}: container is "
+                  f"in {container.state.name} state")
+        sandbox = self._sandboxes.get(container.sandbox_id)
+        if sandbox is None or sandbox.state != READY:
+            _fail(method, StatusCode.UNKNOWN,
+                  f"sandbox container {container.sandbox_id!r} is not running")
+        script = self._script(container)
+        now = _ns(self.clock())
+        container.changed()
+        if script.fail_start is not None:
+            self._exit(container, START_ERROR_EXIT_CODE, "StartError", now)
+            container.message = script.fail_start
+            _fail(method, StatusCode.UNKNOWN,
+                  f"failed to start containerd task {container.id!r}: {script.fail_start}")
+        container.state, container.started_at = RUNNING, now
+        if script.oom or script.exit_after is not None:
+            container.exit_at = now + _ns(script.exit_after or 0.0)
+            container.exit_plan = ((KILLED_EXIT_CODE, "OOMKilled") if script.oom else
+                                   (script.exit_code,
+                                    "Completed" if script.exit_code == 0 else "Error"))
+            self._pending_exits.add(container.id)
+        return v1.StartContainerResponse()
+
+    def stop_wait(self, request: v1.StopContainerRequest) -> float:
+        """How long StopContainer takes in real time (the process's SIGTERM grace)."""
+        container = self._container("StopContainer", request.container_id)
+        self._settle(container)
+        if container.state != RUNNING or request.timeout <= 0:
+            return 0.0
+        return min(self._script(container).term_grace, float(request.timeout))
+
+    def stop_container(self, request: v1.StopContainerRequest) -> v1.StopContainerResponse:
+        container = self._container("StopContainer", request.container_id)
+        self._settle(container)
+        if container.state != RUNNING:
+            return v1.StopContainerResponse()  # containerd: created/exited need no stopping
+        script = self._script(container)
+        now = _ns(self.clock())
+        if request.timeout > 0 and script.term_grace <= request.timeout:
+            code = script.stop_exit_code
+            self._exit(container, code, "Completed" if code == 0 else "Error", now)
+        else:
+            self._exit(container, KILLED_EXIT_CODE, "Error", now)
+        return v1.StopContainerResponse()
+
+    def remove_container(
+        self, request: v1.RemoveContainerRequest,
+    ) -> v1.RemoveContainerResponse:
+        container = self._containers.get(request.container_id)
+        if container is None:
+            return v1.RemoveContainerResponse()  # containerd: nothing to do
+        self._settle(container)
+        if container.state == RUNNING:
+            _fail("RemoveContainer", StatusCode.UNKNOWN,
+                  f"failed to set removing state for container {container.id!r}: container is "
+                  "still running, to stop first")
+        self._forget_container(container)
+        return v1.RemoveContainerResponse()
+
+    def _forget_container(self, container: _Container) -> None:
+        del self._containers[container.id]
+        self._names.pop(container.name_key, None)
+        self._pending_exits.discard(container.id)
+
+    def list_containers(self, request: v1.ListContainersRequest) -> v1.ListContainersResponse:
+        return v1.ListContainersResponse(containers=[self._listed_container(c)
+                                                     for c in self._select_containers(request)])
+
+    def list_containers_wire(self, request: v1.ListContainersRequest) -> bytes:
+        """ListContainers' answer already encoded, from per-container caches (the fast path)."""
+        return b"".join(self._container_wire(c) for c in self._select_containers(request))
+
+    def _select_containers(self, request: v1.ListContainersRequest) -> list[_Container]:
+        self._settle_all()
+        want = request.filter
+        if want is None:
+            return list(self._containers.values())
+        selected = []
+        for c in self._containers.values():
+            if want.id and not c.id.startswith(want.id):
+                continue
+            if want.state is not None and c.state != want.state.state:
+                continue
+            if want.pod_sandbox_id and not c.sandbox_id.startswith(want.pod_sandbox_id):
+                continue
+            if want.label_selector and not _matches(c.labels, want.label_selector):
+                continue
+            selected.append(c)
+        return selected
+
+    def _listed_container(self, c: _Container) -> v1.Container:
+        if c.listed is None:
+            c.listed = v1.Container(
+                id=c.id, pod_sandbox_id=c.sandbox_id, metadata=c.metadata,
+                image=c.config.image, image_ref=c.image_id, state=c.state,
+                created_at=c.created_at, labels=c.config.labels,
+                annotations=c.config.annotations, image_id=c.image_id)
+        return c.listed
+
+    def _container_wire(self, c: _Container) -> bytes:
+        if c.wire is None:
+            c.wire = _repeated_field_1(bytes(self._listed_container(c)))
+        return c.wire
+
+    def container_status(
+        self, request: v1.ContainerStatusRequest,
+    ) -> v1.ContainerStatusResponse:
+        c = self._container("ContainerStatus", request.container_id)
+        self._settle(c)
+        status = v1.ContainerStatus(
+            id=c.id, metadata=c.metadata, state=c.state, created_at=c.created_at,
+            started_at=c.started_at, finished_at=c.finished_at, exit_code=c.exit_code,
+            image=c.config.image, image_ref=c.image_ref, reason=c.reason, message=c.message,
+            labels=dict(c.config.labels), annotations=dict(c.config.annotations),
+            mounts=list(c.config.mounts), log_path=c.log_path,
+            resources=v1.ContainerResources(linux=c.resources) if c.resources else None,
+            image_id=c.image_id)
+        info = {}
+        if request.verbose:
+            info["info"] = json.dumps({"sandboxID": c.sandbox_id, "pid": 0 if c.state != RUNNING
+                                       else 1000 + len(c.id)})
+        return v1.ContainerStatusResponse(status=status, info=info)
+
+    def update_container_resources(
+        self, request: v1.UpdateContainerResourcesRequest,
+    ) -> v1.UpdateContainerResourcesResponse:
+        method = "UpdateContainerResources"
+        container = self._container(method, request.container_id)
+        self._settle(container)
+        if container.state not in (CREATED, RUNNING):
+            _fail(method, StatusCode.UNKNOWN,
+                  f"container {container.id!r} is in {container.state.name} state")
+        if request.linux is not None:
+            container.resources = request.linux
+        return v1.UpdateContainerResourcesResponse()
+
+    def reopen_container_log(
+        self, request: v1.ReopenContainerLogRequest,
+    ) -> v1.ReopenContainerLogResponse:
+        container = self._container("ReopenContainerLog", request.container_id)
+        self._settle(container)
+        if container.state != RUNNING:
+            _fail("ReopenContainerLog", StatusCode.UNKNOWN, "container is not running")
+        return v1.ReopenContainerLogResponse()
+
+    def _running(self, method: str, id: str) -> _Container:
+        container = self._container(method, id)
+        self._settle(container)
+        if container.state != RUNNING:
+            _fail(method, StatusCode.UNKNOWN, f"container is in {container.state.name} state")
+        return container
+
+    def exec_result(self, request: v1.ExecSyncRequest) -> ExecResult:
+        """The scripted answer to an ExecSync (its ``delay`` is served as real time)."""
+        container = self._running("ExecSync", request.container_id)
+        script = self._script(container)
+        return script.exec_results.get(tuple(request.cmd), script.default_exec)
+
+    def exec_sync(self, request: v1.ExecSyncRequest) -> v1.ExecSyncResponse:
+        result = self.exec_result(request)
+        if request.timeout > 0 and result.delay > request.timeout:
+            _fail("ExecSync", StatusCode.DEADLINE_EXCEEDED,
+                  f"failed to exec in container: timeout {request.timeout}s exceeded: context "
+                  "deadline exceeded")
+        return v1.ExecSyncResponse(stdout=result.stdout, stderr=result.stderr,
+                                   exit_code=result.exit_code)
+
+    def exec(self, request: v1.ExecRequest) -> v1.ExecResponse:
+        container = self._running("Exec", request.container_id)
+        return v1.ExecResponse(url=f"http://127.0.0.1:0/exec/{_digest('exec', container.id)[:8]}")
+
+    def attach(self, request: v1.AttachRequest) -> v1.AttachResponse:
+        container = self._running("Attach", request.container_id)
+        url = f"http://127.0.0.1:0/attach/{_digest('attach', container.id)[:8]}"
+        return v1.AttachResponse(url=url)
+
+    def port_forward(self, request: v1.PortForwardRequest) -> v1.PortForwardResponse:
+        sandbox = self._sandbox("PortForward", request.pod_sandbox_id)
+        if sandbox.state != READY:
+            _fail("PortForward", StatusCode.UNKNOWN,
+                  f"pod sandbox {sandbox.id!r} is not running")
+        url = f"http://127.0.0.1:0/portforward/{_digest('pf', sandbox.id)[:8]}"
+        return v1.PortForwardResponse(url=url)
+
+    def _stats(self, c: _Container, now: int) -> v1.ContainerStats:
+        running = c.state == RUNNING
+        return v1.ContainerStats(
+            attributes=v1.ContainerAttributes(id=c.id, metadata=c.metadata,
+                                              labels=dict(c.config.labels),
+                                              annotations=dict(c.config.annotations)),
+            cpu=v1.CpuUsage(timestamp=now, usage_core_nano_seconds=v1.UInt64Value(
+                c.cpu_ns if running else 0)),
+            memory=v1.MemoryUsage(timestamp=now, working_set_bytes=v1.UInt64Value(
+                c.memory_bytes if running else 0)),
+            writable_layer=v1.FilesystemUsage(
+                timestamp=now, fs_id=v1.FilesystemIdentifier(mountpoint=IMAGE_FS_MOUNTPOINT),
+                used_bytes=v1.UInt64Value(0), inodes_used=v1.UInt64Value(0)))
+
+    def container_stats(self, request: v1.ContainerStatsRequest) -> v1.ContainerStatsResponse:
+        container = self._container("ContainerStats", request.container_id)
+        self._settle(container)
+        return v1.ContainerStatsResponse(stats=self._stats(container, _ns(self.clock())))
+
+    def list_container_stats(
+        self, request: v1.ListContainerStatsRequest,
+    ) -> v1.ListContainerStatsResponse:
+        self._settle_all()
+        want, now = request.filter, _ns(self.clock())
+        stats = [self._stats(c, now) for c in self._containers.values()
+                 if want is None or (
+                     (not want.id or c.id.startswith(want.id))
+                     and (not want.pod_sandbox_id or c.sandbox_id.startswith(want.pod_sandbox_id))
+                     and _matches(c.labels, want.label_selector))]
+        return v1.ListContainerStatsResponse(stats=stats)
+
+    def _sandbox_stats(self, sandbox: _Sandbox, now: int) -> v1.PodSandboxStats:
+        containers = [self._stats(c, now) for c in self._containers.values()
+                      if c.sandbox_id == sandbox.id]
+        cpu = sum(s.cpu.usage_core_nano_seconds.value for s in containers
+                  if s.cpu and s.cpu.usage_core_nano_seconds)
+        memory = sum(s.memory.working_set_bytes.value for s in containers
+                     if s.memory and s.memory.working_set_bytes)
+        return v1.PodSandboxStats(
+            attributes=v1.PodSandboxAttributes(id=sandbox.id, metadata=sandbox.metadata,
+                                               labels=dict(sandbox.config.labels),
+                                               annotations=dict(sandbox.config.annotations)),
+            linux=v1.LinuxPodSandboxStats(
+                cpu=v1.CpuUsage(timestamp=now, usage_core_nano_seconds=v1.UInt64Value(cpu)),
+                memory=v1.MemoryUsage(timestamp=now, working_set_bytes=v1.UInt64Value(memory)),
+                containers=containers))
+
+    def pod_sandbox_stats(
+        self, request: v1.PodSandboxStatsRequest,
+    ) -> v1.PodSandboxStatsResponse:
+        sandbox = self._sandbox("PodSandboxStats", request.pod_sandbox_id)
+        self._settle_all()
+        return v1.PodSandboxStatsResponse(stats=self._sandbox_stats(sandbox, _ns(self.clock())))
+
+    def list_pod_sandbox_stats(
+        self, request: v1.ListPodSandboxStatsRequest,
+    ) -> v1.ListPodSandboxStatsResponse:
+        self._settle_all()
+        want, now = request.filter, _ns(self.clock())
+        stats = [self._sandbox_stats(s, now) for s in self._sandboxes.values()
+                 if want is None or ((not want.id or s.id.startswith(want.id))
+                                     and _matches(s.labels, want.label_selector))]
+        return v1.ListPodSandboxStatsResponse(stats=stats)
+
+    # -- ImageService -----------------------------------------------------------------------
+
+    def list_images(self, request: v1.ListImagesRequest) -> v1.ListImagesResponse:
+        want = request.filter
+        if want is not None and want.image is not None and want.image.image:
+            image = self._resolve_image(want.image.image)
+            return v1.ListImagesResponse(images=[image.message()] if image else [])
+        return v1.ListImagesResponse(images=[i.message() for i in self._images.values()])
+
+    def image_status(self, request: v1.ImageStatusRequest) -> v1.ImageStatusResponse:
+        image = self._resolve_image(request.image.image if request.image else "")
+        if image is None:
+            return v1.ImageStatusResponse()  # containerd: absent, not an error
+        info = {"info": json.dumps({"size": image.size})} if request.verbose else {}
+        return v1.ImageStatusResponse(image=image.message(), info=info)
+
+    def pull_image(self, request: v1.PullImageRequest) -> v1.PullImageResponse:
+        ref = request.image.image if request.image else ""
+        name = normalize_image_ref(ref)
+        if not self._pullable.get(name, self.pull_by_default):
+            _fail("PullImage", StatusCode.UNKNOWN,
+                  f"failed to pull and unpack image {name!r}: failed to resolve reference "
+                  f"{name!r}: {name}: not found")
+        return v1.PullImageResponse(image_ref=self.add_image(ref))
+
+    def remove_image(self, request: v1.RemoveImageRequest) -> v1.RemoveImageResponse:
+        image = self._resolve_image(request.image.image if request.image else "")
+        if image is not None:  # every tag of the image goes, as in containerd
+            del self._images[image.id]
+            for tag in [t for t, i in self._tags.items() if i == image.id]:
+                del self._tags[tag]
+        return v1.RemoveImageResponse()
+
+    def image_fs_info(self, request: v1.ImageFsInfoRequest) -> v1.ImageFsInfoResponse:
+        usage = v1.FilesystemUsage(
+            timestamp=_ns(self.clock()),
+            fs_id=v1.FilesystemIdentifier(mountpoint=IMAGE_FS_MOUNTPOINT),
+            used_bytes=v1.UInt64Value(sum(i.size for i in self._images.values())),
+            inodes_used=v1.UInt64Value(len(self._images)))
+        return v1.ImageFsInfoResponse(image_filesystems=[usage], container_filesystems=[usage])
+
+    # -- serving ----------------------------------------------------------------------------
+
+    async def serve(self, method: str, handler: Callable[[Q], R], request: Q) -> R:
+        """Answer one served call with a sync method above (asyncio side)."""
+        await self._admit(method)
+        with _as_grpc_error():
+            return handler(request)
+
+    async def serve_slow(self, method: str, handler: Callable[[Q], Awaitable[R]],
+                         request: Q) -> R:
+        """Like `serve`, for calls that take real time (a stop's grace, a slow exec)."""
+        await self._admit(method)
+        with _as_grpc_error():
+            return await handler(request)
+
+    async def _admit(self, method: str) -> None:
+        """Count the call, apply its scripted delay, refuse it during an outage."""
+        self.calls[method] += 1
+        delay = self._delays.get(method)
+        if delay:
+            await asyncio.sleep(delay)
+        if self._unavailable:
+            raise grpclib.GRPCError(grpclib.const.Status.UNAVAILABLE,
+                                    "fake runtime is unavailable")
+
+
+@contextmanager
+def _as_grpc_error() -> Iterator[None]:
+    try:
+        yield
+    except CRIError as exc:
+        raise grpclib.GRPCError(grpclib.const.Status(exc.code.value), exc.message) from None
+
+
+def _namespace_options(config: v1.PodSandboxConfig) -> v1.NamespaceOption:
+    linux = config.linux
+    context = linux.security_context if linux is not None else None
+    options = context.namespace_options if context is not None else None
+    return options if options is not None else v1.NamespaceOption()
+
+
+def _network_mode(config: v1.PodSandboxConfig) -> v1.NamespaceMode:
+    return _namespace_options(config).network
+
+
+def _cgroup_parent(config: v1.PodSandboxConfig) -> str:
+    return config.linux.cgroup_parent if config.linux is not None else ""
+
+
+class _RuntimeService(v1.RuntimeServiceBase):
+    """grpclib face of the fake's RuntimeService."""
+
+    def __init__(self, fake: FakeRuntime) -> None:
+        self.fake = fake
+
+    async def version(self, message: v1.VersionRequest) -> v1.VersionResponse:
+        return await self.fake.serve("Version", self.fake.version, message)
+
+    async def status(self, message: v1.StatusRequest) -> v1.StatusResponse:
+        return await self.fake.serve("Status", self.fake.status, message)
+
+    async def update_runtime_config(
+        self, message: v1.UpdateRuntimeConfigRequest,
+    ) -> v1.UpdateRuntimeConfigResponse:
+        return await self.fake.serve("UpdateRuntimeConfig", self.fake.update_runtime_config,
+                                     message)
+
+    async def run_pod_sandbox(self, message: v1.RunPodSandboxRequest) -> v1.RunPodSandboxResponse:
+        return await self.fake.serve("RunPodSandbox", self.fake.run_pod_sandbox, message)
+
+    async def stop_pod_sandbox(
+        self, message: v1.StopPodSandboxRequest,
+    ) -> v1.StopPodSandboxResponse:
+        return await self.fake.serve("StopPodSandbox", self.fake.stop_pod_sandbox, message)
+
+    async def remove_pod_sandbox(
+        self, message: v1.RemovePodSandboxRequest,
+    ) -> v1.RemovePodSandboxResponse:
+        return await self.fake.serve("RemovePodSandbox", self.fake.remove_pod_sandbox, message)
+
+    async def pod_sandbox_status(
+        self, message: v1.PodSandboxStatusRequest,
+    ) -> v1.PodSandboxStatusResponse:
+        return await self.fake.serve("PodSandboxStatus", self.fake.pod_sandbox_status, message)
+
+    async def list_pod_sandbox(
+        self, message: v1.ListPodSandboxRequest,
+    ) -> v1.ListPodSandboxResponse:
+        wire = await self.fake.serve("ListPodSandbox", self.fake.list_pod_sandbox_wire, message)
+        return cast(v1.ListPodSandboxResponse, _Encoded(wire))
+
+    async def create_container(
+        self, message: v1.CreateContainerRequest,
+    ) -> v1.CreateContainerResponse:
+        return await self.fake.serve("CreateContainer", self.fake.create_container, message)
+
+    async def start_container(
+        self, message: v1.StartContainerRequest,
+    ) -> v1.StartContainerResponse:
+        return await self.fake.serve("StartContainer", self.fake.start_container, message)
+
+    async def stop_container(self, message: v1.StopContainerRequest) -> v1.StopContainerResponse:
+        async def stop(request: v1.StopContainerRequest) -> v1.StopContainerResponse:
+            wait = self.fake.stop_wait(request)
+            if wait > 0:
+                await asyncio.sleep(wait)
+            return self.fake.stop_container(request)
+
+        return await self.fake.serve_slow("StopContainer", stop, message)
+
+    async def remove_container(
+        self, message: v1.RemoveContainerRequest,
+    ) -> v1.RemoveContainerResponse:
+        return await self.fake.serve("RemoveContainer", self.fake.remove_container, message)
+
+    async def list_containers(
+        self, message: v1.ListContainersRequest,
+    ) -> v1.ListContainersResponse:
+        wire = await self.fake.serve("ListContainers", self.fake.list_containers_wire, message)
+        return cast(v1.ListContainersResponse, _Encoded(wire))
+
+    async def container_status(
+        self, message: v1.ContainerStatusRequest,
+    ) -> v1.ContainerStatusResponse:
+        return await self.fake.serve("ContainerStatus", self.fake.container_status, message)
+
+    async def update_container_resources(
+        self, message: v1.UpdateContainerResourcesRequest,
+    ) -> v1.UpdateContainerResourcesResponse:
+        return await self.fake.serve("UpdateContainerResources",
+                                     self.fake.update_container_resources, message)
+
+    async def reopen_container_log(
+        self, message: v1.ReopenContainerLogRequest,
+    ) -> v1.ReopenContainerLogResponse:
+        return await self.fake.serve("ReopenContainerLog", self.fake.reopen_container_log,
+                                     message)
+
+    async def exec_sync(self, message: v1.ExecSyncRequest) -> v1.ExecSyncResponse:
+        async def run(request: v1.ExecSyncRequest) -> v1.ExecSyncResponse:
+            result = self.fake.exec_result(request)
+            wait = min(result.delay, request.timeout) if request.timeout > 0 else result.delay
+            if wait > 0 and math.isfinite(wait):
+                await asyncio.sleep(wait)
+            return self.fake.exec_sync(request)
+
+        return await self.fake.serve_slow("ExecSync", run, message)
+
+    async def exec(self, message: v1.ExecRequest) -> v1.ExecResponse:
+        return await self.fake.serve("Exec", self.fake.exec, message)
+
+    async def attach(self, message: v1.AttachRequest) -> v1.AttachResponse:
+        return await self.fake.serve("Attach", self.fake.attach, message)
+
+    async def port_forward(self, message: v1.PortForwardRequest) -> v1.PortForwardResponse:
+        return await self.fake.serve("PortForward", self.fake.port_forward, message)
+
+    async def container_stats(
+        self, message: v1.ContainerStatsRequest,
+    ) -> v1.ContainerStatsResponse:
+        return await self.fake.serve("ContainerStats", self.fake.container_stats, message)
+
+    async def list_container_stats(
+        self, message: v1.ListContainerStatsRequest,
+    ) -> v1.ListContainerStatsResponse:
+        return await self.fake.serve("ListContainerStats", self.fake.list_container_stats,
+                                     message)
+
+    async def pod_sandbox_stats(
+        self, message: v1.PodSandboxStatsRequest,
+    ) -> v1.PodSandboxStatsResponse:
+        return await self.fake.serve("PodSandboxStats", self.fake.pod_sandbox_stats, message)
+
+    async def list_pod_sandbox_stats(
+        self, message: v1.ListPodSandboxStatsRequest,
+    ) -> v1.ListPodSandboxStatsResponse:
+        return await self.fake.serve("ListPodSandboxStats", self.fake.list_pod_sandbox_stats,
+                                     message)
+
+
+class _ImageService(v1.ImageServiceBase):
+    """grpclib face of the fake's ImageService."""
+
+    def __init__(self, fake: FakeRuntime) -> None:
+        self.fake = fake
+
+    async def list_images(self, message: v1.ListImagesRequest) -> v1.ListImagesResponse:
+        return await self.fake.serve("ListImages", self.fake.list_images, message)
+
+    async def image_status(self, message: v1.ImageStatusRequest) -> v1.ImageStatusResponse:
+        return await self.fake.serve("ImageStatus", self.fake.image_status, message)
+
+    async def pull_image(self, message: v1.PullImageRequest) -> v1.PullImageResponse:
+        return await self.fake.serve("PullImage", self.fake.pull_image, message)
+
+    async def remove_image(self, message: v1.RemoveImageRequest) -> v1.RemoveImageResponse:
+        return await self.fake.serve("RemoveImage", self.fake.remove_image, message)
+
+    async def image_fs_info(self, message: v1.ImageFsInfoRequest) -> v1.ImageFsInfoResponse:
+        return await self.fake.serve("ImageFsInfo", self.fake.image_fs_info, message)
+
+
+class _Encoded:
+    """A reply the fake encoded itself (list calls, from per-object caches)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+class _Codec(ProtoCodec):
+    """grpclib's protobuf codec, passing `_Encoded` replies through untouched."""
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        if isinstance(message, _Encoded):
+            return message.data
+        return super().encode(message, message_type)
+
+
+class _Server(grpclib.server.Server):
+    """A grpclib server that also drops open connections when closed.
+
+    asyncio's server close leaves accepted connections open; a stopped
+    containerd does not, and clients must see the connection go.
+    """
+
+    def __init__(self, handlers: list[Any]) -> None:
+        super().__init__(handlers, codec=_Codec())
+        # Weak: a finished connection's protocol goes away with its transport.
+        self.protocols: weakref.WeakSet[grpclib.protocol.H2Protocol] = weakref.WeakSet()
+
+    def _protocol_factory(self) -> grpclib.protocol.H2Protocol:
+        protocol = super()._protocol_factory()
+        self.protocols.add(protocol)
+        return protocol
+
+    def drop_connections(self) -> None:
+        for protocol in list(self.protocols):
+            processor = getattr(protocol, "processor", None)
+            if processor is not None:
+                processor.close()
+        self.protocols.clear()
+
+
+async def _start_server(fake: FakeRuntime, path: str) -> _Server:
+    server = _Server([_RuntimeService(fake), _ImageService(fake)])
+    with suppress(FileNotFoundError):
+        os.unlink(path)  # a stale socket from a previous run, as containerd does
+    await server.start(path=path)
+    return server
+
+
+async def _stop_server(server: _Server) -> None:
+    server.close()
+    server.drop_connections()
+    await server.wait_closed()
+
+
+@asynccontextmanager
+async def serve_fake_runtime(socket_path: str | os.PathLike[str],
+                             runtime: FakeRuntime | None = None, *,
+                             clock: Clock = time.time) -> AsyncIterator[FakeRuntime]:
+    """Serve a fake runtime on a unix socket for the duration of the block (trio side).
+
+    Pass an existing ``runtime`` to serve the same state again after a stop,
+    like a restarted containerd; otherwise a new one is made with ``clock``.
+    """
+    fake = runtime if runtime is not None else FakeRuntime(clock)
+    path = os.fspath(socket_path)
+    async with trio_asyncio.open_loop() as loop:
+        server = await loop.run_aio_coroutine(_start_server(fake, path))
+        try:
+            yield fake
+        finally:
+            with trio.CancelScope(shield=True):
+                await loop.run_aio_coroutine(_stop_server(server))
+            with suppress(FileNotFoundError):
+                os.unlink(path)

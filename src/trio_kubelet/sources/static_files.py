@@ -1,0 +1,601 @@
+"""The static pod source: pod manifests from a file or a directory (``staticPodPath``).
+
+What a manifest directory means follows the Go kubelet (``pkg/kubelet/config/file.go``
+and ``common.go``):
+
+- files are read in name order; names starting with "." are ignored (editor swap
+  files, ``..data`` links of projected volumes); subdirectories are not entered;
+- every pod gets the static-pod defaults: namespace "default" when empty, the name
+  suffixed with "-<node name>", ``spec.nodeName`` set to the node, the annotations
+  ``kubernetes.io/config.source: file`` and ``kubernetes.io/config.hash``, and a
+  toleration of every NoExecute taint so node problems never evict it;
+- a missing path is not an error: the source reports an empty pod set (so the
+  agent knows the source has been read) and waits for the path to appear.
+
+Deliberate differences from the Go kubelet:
+
+- **UID.** Go hashes the pod's *content* (plus host and file) into the UID, so every
+  edit makes a new pod: the old one is killed and the new one started. Here the
+  UID hashes only the identity — host, absolute file path, namespace and the name
+  written in the manifest — so an edited manifest keeps its UID and the agent
+  applies the edit in place, restarting only the containers whose spec changed.
+  The content hash goes into ``kubernetes.io/config.hash`` instead. A
+  ``metadata.uid`` written in the manifest is used as is.
+- **Last good version.** A file that stops parsing (a half-saved edit, a typo) keeps
+  contributing the pods of its last good version while its problem is reported,
+  so a bad save never kills a running pod. A deleted file stops contributing.
+  A file is taken as a whole: if any document in it is bad, none of its new
+  documents apply (like a PodList, which Go also applies all or nothing).
+- **Several documents.** A file may hold several YAML documents (``---``), each a
+  v1 Pod or a v1 PodList; Go reads exactly one Pod per file.
+- **Conflicts.** Two files defining the same namespace/name (or UID): the file that
+  already runs the pod keeps it, otherwise the first in name order wins, and the
+  other definition is reported naming both files.
+
+Manifests are small local files, so the scan runs inline in the trio thread rather
+than in a worker thread: that keeps the source deterministic under
+``trio.testing.MockClock`` and costs nothing measurable.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import re
+import stat
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import trio
+import yaml
+from pydantic import ValidationError
+
+from trio_kubelet.config import describe_validation_error, describe_yaml_error
+from trio_kubelet.events import Event, ManifestProblem, PodSetUpdate
+from trio_kubelet.model.pod import Pod
+
+logger = logging.getLogger(__name__)
+
+SOURCE = "file"
+CONFIG_SOURCE_ANNOTATION = "kubernetes.io/config.source"
+CONFIG_HASH_ANNOTATION = "kubernetes.io/config.hash"
+CONFIG_SEEN_ANNOTATION = "kubernetes.io/config.seen"
+NO_EXECUTE_TOLERATION: Mapping[str, str] = {"operator": "Exists", "effect": "NoExecute"}
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+
+
+class _ManifestLoader(yaml.SafeLoader):
+    """Safe YAML without implicit timestamps: ``2024-01-01`` stays a string, as in a Pod."""
+
+
+_ManifestLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+class _Rejected(Exception):
+    """A document, or part of one, that cannot become a pod; the message names the field."""
+
+
+# --- one file -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FileManifests:
+    """What one manifest file yields: its pods, or the problems that reject it."""
+
+    pods: tuple[Pod, ...] = ()
+    problems: tuple[ManifestProblem, ...] = ()
+
+
+def static_pod_uid(node_name: str, file: str, namespace: str, name: str) -> str:
+    """The UID of a static pod without ``metadata.uid``: stable across edits of its manifest."""
+    digest = hashlib.sha256()
+    for part in (f"host:{node_name}", f"file:{file}", namespace, name):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:32]
+
+
+def content_hash(document: Mapping[str, Any]) -> str:
+    """The hash of a manifest document as written, for ``kubernetes.io/config.hash``."""
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _quote(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _shape(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"{type(value).__name__} {_quote(value)}"
+
+
+def _with_no_execute_toleration(tolerations: Any) -> list[Any]:
+    if tolerations is None:
+        tolerations = []
+    if not isinstance(tolerations, list):
+        raise _Rejected(f"spec.tolerations: expected a list, got {_shape(tolerations)}")
+    for toleration in tolerations:
+        if (
+            isinstance(toleration, dict)
+            and not toleration.get("key")
+            and not toleration.get("value")
+            and toleration.get("operator") == "Exists"
+            and toleration.get("effect") == "NoExecute"
+        ):
+            return tolerations
+    return [*tolerations, dict(NO_EXECUTE_TOLERATION)]
+
+
+def static_pod(document: Mapping[str, Any], file: str, node_name: str) -> Pod:
+    """A v1 Pod document from ``file`` with the static-pod defaults applied and validated."""
+    meta = document.get("metadata")
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise _Rejected(f"metadata: expected a mapping, got {_shape(meta)}")
+    name = meta.get("name")
+    if name is None or name == "":
+        raise _Rejected("metadata.name: required value")
+    if not isinstance(name, str):
+        raise _Rejected(f"metadata.name: expected a string, got {_shape(name)}")
+    if len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+        raise _Rejected(
+            f"metadata.name: {_quote(name)} must be a lowercase RFC 1123 subdomain "
+            '(a-z, 0-9, "-" and ".")'
+        )
+    full_name = f"{name}-{node_name}"
+    if len(full_name) > 253:
+        raise _Rejected(
+            f"metadata.name: {_quote(full_name)} (with the node name) is longer than 253 characters"
+        )
+    namespace = meta.get("namespace") or "default"
+    if not isinstance(namespace, str):
+        raise _Rejected(f"metadata.namespace: expected a string, got {_shape(namespace)}")
+    if len(namespace) > 63 or not _DNS1123_LABEL.match(namespace):
+        raise _Rejected(
+            f"metadata.namespace: {_quote(namespace)} must be a lowercase RFC 1123 label "
+            '(a-z, 0-9, "-")'
+        )
+    uid = meta.get("uid") or static_pod_uid(node_name, file, namespace, name)
+    if not isinstance(uid, str):
+        raise _Rejected(f"metadata.uid: expected a string, got {_shape(uid)}")
+    annotations = meta.get("annotations")
+    if annotations is None:
+        annotations = {}
+    if not isinstance(annotations, dict):
+        raise _Rejected(f"metadata.annotations: expected a mapping, got {_shape(annotations)}")
+
+    pod: dict[str, Any] = copy.deepcopy(dict(document))
+    pod["metadata"] = {
+        **copy.deepcopy(meta),
+        "name": full_name,
+        "namespace": namespace,
+        "uid": uid,
+        "annotations": {
+            **annotations,
+            CONFIG_SOURCE_ANNOTATION: SOURCE,
+            CONFIG_HASH_ANNOTATION: content_hash(document),
+        },
+    }
+    spec = pod.get("spec")
+    if spec is not None:
+        if not isinstance(spec, dict):
+            raise _Rejected(f"spec: expected a mapping, got {_shape(spec)}")
+        spec["nodeName"] = node_name
+        spec["tolerations"] = _with_no_execute_toleration(spec.get("tolerations"))
+    pod["status"] = {}  # a manifest cannot claim a status; the pod starts Pending
+    try:
+        return Pod.model_validate(pod)
+    except ValidationError as exc:
+        raise _Rejected(describe_validation_error(exc)) from None
+
+
+def _check_type(document: Mapping[str, Any], kinds: Sequence[str], where: str = "") -> str:
+    """The document's kind, after checking kind and apiVersion; ``where`` locates a list item."""
+    expected = " or ".join(kinds)
+    field = f"{where}." if where else ""
+    prefix = f"{where}: " if where else ""
+    kind, api_version = document.get("kind"), document.get("apiVersion")
+    if kind is None:
+        raise _Rejected(f"{field}kind: required value (expected {expected})")
+    if kind not in kinds:
+        raise _Rejected(f"{prefix}unsupported kind {_quote(kind)} (expected {expected})")
+    if api_version is None:
+        raise _Rejected(f"{field}apiVersion: required value (expected v1)")
+    if api_version != "v1":
+        raise _Rejected(
+            f"{prefix}unsupported apiVersion {_quote(api_version)} for kind {kind} (expected v1)"
+        )
+    return str(kind)
+
+
+def _pods_in_document(document: Any, file: str, node_name: str) -> list[tuple[str, Pod]]:
+    """``(location within the document, pod)`` for a Pod or each item of a PodList."""
+    if not isinstance(document, dict):
+        raise _Rejected(f"expected a mapping (a Pod or PodList), got {_shape(document)}")
+    if _check_type(document, ("Pod", "PodList")) == "Pod":
+        return [("", static_pod(document, file, node_name))]
+    items = document.get("items")
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise _Rejected(f"items: expected a list, got {_shape(items)}")
+    pods = []
+    for index, item in enumerate(items):
+        where = f"items[{index}]"
+        if not isinstance(item, dict):
+            raise _Rejected(f"{where}: expected a mapping (a Pod), got {_shape(item)}")
+        item = {"apiVersion": "v1", "kind": "Pod", **item}
+        _check_type(item, ("Pod",), where)
+        try:
+            pods.append((where, static_pod(item, file, node_name)))
+        except _Rejected as exc:
+            raise _Rejected(f"{where}.{exc}") from None
+    return pods
+
+
+def _documents(text: str, suffix: str) -> list[Any]:
+    """The documents of a manifest: JSON (one object) or YAML (any number, ``---``)."""
+    json_error: json.JSONDecodeError | None = None
+    if suffix == ".json" or text.lstrip().startswith("{"):
+        try:
+            return [json.loads(text)]
+        except json.JSONDecodeError as exc:
+            json_error = exc  # a YAML flow mapping also starts with "{": try YAML next
+    try:
+        return list(yaml.load_all(text, Loader=_ManifestLoader))
+    except yaml.YAMLError as exc:
+        if json_error is not None:
+            raise _Rejected(
+                f"invalid JSON at line {json_error.lineno}, column {json_error.colno}: "
+                f"{json_error.msg}"
+            ) from None
+        raise _Rejected(describe_yaml_error(exc)) from None
+
+
+def read_manifest_file(file: Path, node_name: str) -> FileManifests:
+    """The static pods of one manifest file, or every problem found in it."""
+    name = str(file)
+
+    def rejected(reason: str) -> FileManifests:
+        return FileManifests(problems=(ManifestProblem(file=name, reason=reason),))
+
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        return rejected(f"cannot read file: {exc.strerror or exc}")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        return rejected(f"not UTF-8 text (invalid byte at offset {exc.start})")
+    try:
+        documents = _documents(text, file.suffix)
+    except _Rejected as exc:
+        return rejected(str(exc))
+    if all(document is None for document in documents):
+        return rejected("no pod manifest in file (it is empty)")
+
+    several = len(documents) > 1
+    found: list[tuple[str, Pod]] = []
+    problems: list[ManifestProblem] = []
+    for number, document in enumerate(documents, start=1):
+        if document is None:
+            continue
+        prefix = f"document {number}" if several else ""
+        try:
+            pods = _pods_in_document(document, name, node_name)
+        except _Rejected as exc:
+            reason = f"{prefix}: {exc}" if prefix else str(exc)
+            problems.append(ManifestProblem(file=name, reason=reason))
+            continue
+        found.extend((", ".join(filter(None, (prefix, where))), pod) for where, pod in pods)
+    problems.extend(_duplicates_within(name, found))
+    if problems:
+        return FileManifests(problems=tuple(problems))
+    return FileManifests(pods=tuple(pod for _, pod in found))
+
+
+def _pod_key(pod: Pod) -> str:
+    return f"{pod.metadata.namespace}/{pod.metadata.name}"
+
+
+def _duplicates_within(file: str, found: Sequence[tuple[str, Pod]]) -> list[ManifestProblem]:
+    first_at: dict[str, str] = {}
+    problems = []
+    for where, pod in found:
+        key = _pod_key(pod)
+        if key in first_at:
+            reason = f"{where}: duplicate pod {_quote(key)} (also defined by {first_at[key]})"
+            problems.append(ManifestProblem(file=file, reason=reason))
+        else:
+            first_at[key] = where
+    return problems
+
+
+# --- the whole path -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ManifestScan:
+    """The static pods of a manifest path at one moment, and everything wrong with it.
+
+    ``good`` (per file, the pods of its newest good version) and ``owners`` (which file
+    runs each namespace/name) carry what the next scan needs to keep last good
+    versions and settle name conflicts the same way.
+    """
+
+    pods: tuple[Pod, ...] = ()
+    problems: tuple[ManifestProblem, ...] = ()
+    good: Mapping[str, tuple[Pod, ...]] = field(default_factory=dict)
+    owners: Mapping[str, str] = field(default_factory=dict)
+    stale: frozenset[str] = frozenset()  # files running their last good version
+    path_exists: bool = True
+
+
+def _manifest_files(path: Path) -> tuple[list[Path] | None, list[ManifestProblem], bool]:
+    """(files to read, or None when the listing failed; problems; whether the path exists)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return [], [], False
+    except OSError as exc:
+        return None, [ManifestProblem(file=str(path), reason=f"cannot stat: {exc.strerror}")], True
+    if stat.S_ISREG(mode):
+        return [path], [], True
+    if not stat.S_ISDIR(mode):
+        reason = "not a directory or a regular file"
+        return [], [ManifestProblem(file=str(path), reason=reason)], True
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as exc:
+        reason = f"cannot list directory: {exc.strerror}"
+        return None, [ManifestProblem(file=str(path), reason=reason)], True
+    files = []
+    for name in names:
+        if name.startswith("."):
+            continue
+        entry = path / name
+        try:
+            mode = entry.stat().st_mode
+        except OSError:
+            files.append(entry)  # a dangling link: reading it reports why
+            continue
+        if stat.S_ISDIR(mode):
+            logger.debug("not recursing into manifest subdirectory %s", entry)
+        elif stat.S_ISREG(mode):
+            files.append(entry)
+        else:
+            logger.debug("ignoring %s: not a regular file", entry)
+    return files, [], True
+
+
+def _settle_conflicts(
+    good: Mapping[str, tuple[Pod, ...]], previous_owners: Mapping[str, str]
+) -> tuple[tuple[Pod, ...], dict[str, str], list[ManifestProblem]]:
+    """Keep one definition per namespace/name and per UID; report the others."""
+    entries = [(file, pod) for file, pods in good.items() for pod in pods]
+
+    def precedence(index: int) -> tuple[bool, int]:
+        file, pod = entries[index]
+        return previous_owners.get(_pod_key(pod)) != file, index
+
+    owners: dict[str, str] = {}
+    uid_owners: dict[str, tuple[str, str]] = {}
+    accepted: list[int] = []
+    rejected: list[tuple[int, ManifestProblem]] = []
+    for index in sorted(range(len(entries)), key=precedence):
+        file, pod = entries[index]
+        key, uid = _pod_key(pod), pod.metadata.uid
+        if key in owners:
+            reason = f"pod {_quote(key)} is already defined in {owners[key]}; ignoring this one"
+        elif uid in uid_owners:
+            other_key, other_file = uid_owners[uid]
+            reason = (
+                f"pod {_quote(key)}: metadata.uid {_quote(uid)} is already used by pod "
+                f"{_quote(other_key)} in {other_file}; ignoring this one"
+            )
+        else:
+            owners[key], uid_owners[uid] = file, (key, file)
+            accepted.append(index)
+            continue
+        rejected.append((index, ManifestProblem(file=file, reason=reason)))
+    pods = tuple(entries[index][1] for index in sorted(accepted))
+    return pods, owners, [problem for _, problem in sorted(rejected, key=lambda r: r[0])]
+
+
+def load_manifests(
+    path: Path, node_name: str, *, previous: ManifestScan | None = None
+) -> ManifestScan:
+    """Read every static pod manifest under ``path`` (a directory or one file).
+
+    Pass the previous scan to keep the last good pods of files that have become
+    malformed and to keep each pod with the file that already runs it.
+    """
+    path = path.absolute()
+    node_name = node_name.lower()
+    previous = previous or ManifestScan()
+    files, problems, exists = _manifest_files(path)
+    if files is None:  # the listing failed: nothing is known, keep everything as it was
+        return ManifestScan(
+            pods=previous.pods,
+            problems=tuple(problems),
+            good=previous.good,
+            owners=previous.owners,
+            stale=frozenset(previous.good),
+        )
+    good: dict[str, tuple[Pod, ...]] = {}
+    stale: set[str] = set()
+    for file in files:
+        result = read_manifest_file(file, node_name)
+        problems.extend(result.problems)
+        if not result.problems:
+            good[str(file)] = result.pods
+        elif str(file) in previous.good:
+            good[str(file)] = previous.good[str(file)]
+            stale.add(str(file))
+    pods, owners, conflicts = _settle_conflicts(good, previous.owners)
+    return ManifestScan(
+        pods=pods,
+        problems=(*problems, *conflicts),
+        good=good,
+        owners=owners,
+        stale=frozenset(stale),
+        path_exists=exists,
+    )
+
+
+# --- the source task ------------------------------------------------------------------------
+
+
+def _fingerprint(path: Path) -> object:
+    """A cheap summary of the path that changes when a manifest may have changed (no reads)."""
+
+    def summary(st: os.stat_result) -> tuple[int, ...]:
+        return (st.st_mode, st.st_ino, st.st_mtime_ns, st.st_size)
+
+    try:
+        top = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(top.st_mode):
+        return summary(top)
+    entries: list[tuple[object, ...]] = []
+    try:
+        with os.scandir(path) as listing:
+            for entry in listing:
+                if entry.name.startswith("."):
+                    continue
+                try:
+                    entries.append((entry.name, *summary(entry.stat())))
+                except OSError:
+                    entries.append((entry.name,))
+    except OSError:
+        return (summary(top), None)
+    return (summary(top), tuple(sorted(entries, key=lambda e: str(e[0]))))
+
+
+def _rfc3339(epoch_seconds: float) -> str:
+    moment = datetime.fromtimestamp(epoch_seconds, UTC)
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+class _StaticPodFiles:
+    """The state between scans: last good versions, what was sent, what was logged."""
+
+    def __init__(
+        self,
+        path: Path,
+        node_name: str,
+        log: logging.Logger | logging.LoggerAdapter[logging.Logger],
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self.path = path
+        self.node_name = node_name
+        self.log = log
+        self.wall_clock = wall_clock
+        self.scan = ManifestScan()
+        self.first_seen: dict[str, str] = {}
+        self.logged: set[ManifestProblem] = set()
+        self.missing_reported = False
+        self.last_sent: tuple[list[dict[str, Any]], tuple[ManifestProblem, ...]] | None = None
+
+    def rescan(self) -> PodSetUpdate | None:
+        """Scan the path; the update to send, or None when nothing changed since the last one."""
+        self.scan = load_manifests(self.path, self.node_name, previous=self.scan)
+        self._log_changes(self.scan)
+        pods = self._stamp_first_seen(self.scan.pods)
+        sent = ([pod.to_api() for pod in pods], self.scan.problems)
+        if sent == self.last_sent:
+            return None
+        self.last_sent = sent
+        return PodSetUpdate(source=SOURCE, pods=list(pods), problems=list(self.scan.problems))
+
+    def _log_changes(self, scan: ManifestScan) -> None:
+        if not scan.path_exists and not self.missing_reported:
+            self.log.info("static pod path %s does not exist yet; waiting for it", self.path)
+        elif scan.path_exists and self.missing_reported:
+            self.log.info("static pod path %s appeared", self.path)
+        self.missing_reported = not scan.path_exists
+        current = set(scan.problems)
+        for problem in scan.problems:
+            if problem not in self.logged:
+                kept = " (keeping its last good pods)" if problem.file in scan.stale else ""
+                self.log.warning("static pod manifest %s: %s%s", problem.file, problem.reason, kept)
+        for problem in self.logged - current:
+            self.log.info("static pod manifest %s: resolved: %s", problem.file, problem.reason)
+        self.logged = current
+
+    def _stamp_first_seen(self, pods: Sequence[Pod]) -> list[Pod]:
+        """Add ``kubernetes.io/config.seen``: when this agent first saw each pod UID."""
+        stamped = []
+        now: str | None = None
+        for pod in pods:
+            seen = self.first_seen.get(pod.metadata.uid)
+            if seen is None:
+                now = now or _rfc3339(self.wall_clock())
+                seen = self.first_seen[pod.metadata.uid] = now
+            annotations = {**pod.metadata.annotations, CONFIG_SEEN_ANNOTATION: seen}
+            metadata = pod.metadata.model_copy(update={"annotations": annotations})
+            stamped.append(pod.model_copy(update={"metadata": metadata}))
+        live = {pod.metadata.uid for pod in pods}
+        self.first_seen = {uid: seen for uid, seen in self.first_seen.items() if uid in live}
+        return stamped
+
+
+async def run_static_files(
+    send: trio.MemorySendChannel[Event],
+    path: Path,
+    node_name: str,
+    *,
+    check_frequency: float = 20.0,
+    poll_interval: float = 1.0,
+    log: logging.Logger | logging.LoggerAdapter[logging.Logger] = logger,
+    wall_clock: Callable[[], float] = time.time,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Send the static pods under ``path`` as ``PodSetUpdate(source="file")`` whenever they change.
+
+    The first update is sent at once (empty if the path does not exist yet), then
+    ``task_status.started()`` is called. Every ``poll_interval`` the directory is
+    stat'ed (names, inodes, mtimes, sizes — no reads) and rescanned if that changed;
+    every ``check_frequency`` it is rescanned regardless (``fileCheckFrequency``).
+    ``wall_clock`` (epoch seconds, e.g. ``TrioWallClock().now``) only stamps
+    ``kubernetes.io/config.seen``; all waiting uses trio's clock.
+    """
+    files = _StaticPodFiles(path, node_name.lower(), log, wall_clock)
+    log.info("watching static pod path %s", path)
+    fingerprint = _fingerprint(path)
+    update = files.rescan()
+    assert update is not None  # the first scan is always sent: it marks the source as seen
+    await send.send(update)
+    task_status.started()
+    last_scan = trio.current_time()
+    while True:
+        await trio.sleep(min(poll_interval, check_frequency))
+        current = _fingerprint(path)
+        if current == fingerprint and trio.current_time() - last_scan < check_frequency:
+            continue
+        fingerprint, last_scan = current, trio.current_time()
+        update = files.rescan()
+        if update is not None:
+            await send.send(update)

@@ -1,0 +1,1 @@
+"""Pod status: the agent's latest view of each pod's API status."""

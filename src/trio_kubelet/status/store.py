@@ -1,0 +1,46 @@
+"""The latest API status of every pod the agent runs, for readers that are not the reconciler.
+
+Workers write a pod's status after each sync; the terminal watcher (and later
+the HTTP server and the API-server status manager) read it. Readers never
+trigger runtime calls.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from trio_kubelet.model.pod import Pod, PodStatus
+
+
+class PodStatusStore:
+    def __init__(self) -> None:
+        self._pods: dict[str, Pod] = {}
+        self._changed = trio.Event()
+
+    def set(self, pod: Pod, status: PodStatus) -> None:
+        """Record ``status`` for ``pod``; readers are woken only when something changed."""
+        uid = pod.metadata.uid
+        current = self._pods.get(uid)
+        if current is not None and current.status == status and current.spec == pod.spec:
+            return
+        self._pods[uid] = pod.model_copy(update={"status": status})
+        self._notify()
+
+    def remove(self, uid: str) -> None:
+        if self._pods.pop(uid, None) is not None:
+            self._notify()
+
+    def get(self, uid: str) -> Pod | None:
+        return self._pods.get(uid)
+
+    def pods(self) -> list[Pod]:
+        """Every pod with its latest status, ordered by namespace and name."""
+        return sorted(self._pods.values(), key=lambda p: (p.metadata.namespace, p.metadata.name))
+
+    async def wait_changed(self) -> None:
+        """Return after the next change to any pod's status."""
+        await self._changed.wait()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
