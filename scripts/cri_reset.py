@@ -11,6 +11,7 @@ per-test cleanup. Needs grpcio and cri_api (PyPI: container-runtime-interface-ap
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -33,7 +34,23 @@ def _ignore_not_found(call: object, request: object, timeout: float) -> None:
             raise
 
 
-def reset(runtime: RuntimeServiceStub, timeout: float = 30.0) -> ResetResult:
+def reset(runtime: RuntimeServiceStub, timeout: float = 30.0, attempts: int = 5) -> ResetResult:
+    """Remove everything, retrying a few times.
+
+    containerd answers UNKNOWN ("ttrpc: closed") when asked to stop a container
+    whose process is exiting at that very moment; a second pass succeeds.
+    """
+    for attempt in range(attempts):
+        try:
+            return _reset_once(runtime, timeout)
+        except grpc.RpcError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+def _reset_once(runtime: RuntimeServiceStub, timeout: float) -> ResetResult:
     """Remove all sandboxes (and with them their containers), then any stray container."""
     result = ResetResult()
     for sandbox in runtime.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=timeout).items:
