@@ -15,7 +15,7 @@ from trio_kubelet.events import Event, ResyncTick
 from trio_kubelet.images.manager import ImageManager
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import WorkerContext
-from trio_kubelet.runtime.client import CRIClient, open_cri_client
+from trio_kubelet.runtime.client import CRIClient, Observer, open_cri_client
 from trio_kubelet.runtime.errors import CRIError
 from trio_kubelet.sources.pleg import run_pleg
 from trio_kubelet.sources.static_files import run_static_files
@@ -67,16 +67,23 @@ async def run_agent(
     options: AgentOptions,
     *,
     store: PodStatusStore | None = None,
+    cri_observer: Observer | None = None,
     task_status: trio.TaskStatus[SyncLoop] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the node agent until SIGINT/SIGTERM (or cancellation). Pods outlive the agent."""
+    """Run the node agent until SIGINT/SIGTERM (or cancellation). Pods outlive the agent.
+
+    ``store`` and ``cri_observer`` let tests, benchmarks and the recorder watch
+    the agent from inside the same process.
+    """
     config = options.config
     endpoint = config.container_runtime_endpoint
     log.info("trio-kubelet %s starting on node %s", __version__, options.node_name)
     store = store if store is not None else PodStatusStore()
     async with trio.open_nursery() as top:
         top.start_soon(_stop_on_signal, top.cancel_scope)
-        async with open_cri_client(endpoint, timeout=config.runtime_request_timeout) as client:
+        async with open_cri_client(
+            endpoint, timeout=config.runtime_request_timeout, observer=cri_observer
+        ) as client:
             runtime = await wait_for_runtime(client, endpoint)
             log.info("Connected to container runtime %s at %s", runtime, endpoint)
             ctx = WorkerContext(
