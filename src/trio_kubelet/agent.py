@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -20,6 +22,7 @@ from trio_kubelet.runtime.errors import CRIError
 from trio_kubelet.sources.pleg import run_pleg
 from trio_kubelet.sources.static_files import run_static_files
 from trio_kubelet.status.store import PodStatusStore
+from trio_kubelet.watch import print_pod_changes
 
 log = logging.getLogger("trio_kubelet.agent")
 
@@ -92,7 +95,7 @@ async def run_agent(
                 store=store,
                 clock=TrioWallClock(),
                 pod_logs_dir=Path(config.pod_logs_dir),
-                node_ip=options.node_ip or "",
+                node_ip=(options.node_ip or "").split(",")[0],
                 runtime_name=runtime.split()[0],
             )
             sources = ["file"] if config.static_pod_path else []
@@ -101,16 +104,20 @@ async def run_agent(
             async with trio.open_nursery() as nursery:
                 await nursery.start(loop.run, receive)
                 if config.static_pod_path:
-                    nursery.start_soon(
-                        lambda: run_static_files(
+                    await nursery.start(
+                        partial(
+                            run_static_files,
                             send.clone(),
                             Path(config.static_pod_path),
                             options.node_name,
                             check_frequency=config.file_check_frequency,
+                            wall_clock=ctx.clock.now,
                         )
                     )
                 nursery.start_soon(run_pleg, send.clone(), client)
                 nursery.start_soon(_resync, send.clone(), config.sync_frequency)
+                if options.show_pods:
+                    nursery.start_soon(print_pod_changes, store, sys.stdout, ctx.clock)
                 send.close()
                 task_status.started(loop)
         top.cancel_scope.cancel()

@@ -311,6 +311,11 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="stop recording past this size (e.g. 500Mi)",
     )
+    parser.add_argument(
+        "--show-pods",
+        action="store_true",
+        help="print a live pod table on stdout, like `kubectl get pods -w` (logs go to stderr)",
+    )
     overrides = parser.add_argument_group("configuration (each overrides the --config file)")
     for flag in CONFIG_FLAGS:
         kwargs: dict[str, Any] = {"dest": flag.dest, "type": flag.parse, "help": flag.help}
@@ -389,6 +394,7 @@ def agent_options(args: argparse.Namespace) -> AgentOptions:
         record=args.record,
         record_max_bytes=args.record_max_bytes,
         verbosity=args.verbosity,
+        show_pods=args.show_pods,
     )
 
 

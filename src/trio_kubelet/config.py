@@ -716,6 +716,8 @@ class AgentOptions:
     config_file: Path | None = None
     log_level: int = logging.INFO
     verbosity: int = 0
+    # trio-kubelet's own: print a live pod table (like `kubectl get pods -w`) on stdout.
+    show_pods: bool = False
 
 
 def build_agent_options(
@@ -729,6 +731,7 @@ def build_agent_options(
     record: Path | None = None,
     record_max_bytes: int | None = None,
     verbosity: int = 0,
+    show_pods: bool = False,
 ) -> AgentOptions:
     """Load and check everything; raises :class:`ConfigError` naming the field or flag."""
     return AgentOptions(
@@ -742,4 +745,5 @@ def build_agent_options(
         config_file=config_file,
         log_level=logging.DEBUG if verbosity >= 4 else logging.INFO,
         verbosity=verbosity,
+        show_pods=show_pods,
     )
