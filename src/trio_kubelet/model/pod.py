@@ -315,7 +315,7 @@ class ContainerStateTerminated(KubeModel):
     message: str | None = None
     started_at: str | None = None
     finished_at: str | None = None
-    container_id: str | None = None
+    container_id: str | None = Field(default=None, alias="containerID")
 
 
 class ContainerState(KubeModel):

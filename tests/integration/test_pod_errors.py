@@ -1,0 +1,109 @@
+"""Runtime errors surface in pod status as kubectl shows them; kills honour the grace period."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from tests.integration.harness import container, running, running_agent
+
+pytestmark = pytest.mark.integration
+
+
+def waiting_reason(pod, name: str) -> str | None:
+    waiting = container(pod, name).state.waiting
+    return waiting.reason if waiting is not None else None
+
+
+async def test_missing_image_with_never_is_err_image_never_pull(containerd, tmp_path):
+    async with running_agent(containerd.endpoint, tmp_path) as agent:
+        agent.write("never.yaml", """\
+            apiVersion: v1
+            kind: Pod
+            metadata: {name: never}
+            spec:
+              containers:
+              - {name: app, image: "busybox:does-not-exist", imagePullPolicy: Never}
+              - {name: ok, image: "busybox:1.36", command: ["sleep", "3600"]}
+            """)
+        pod = await agent.wait_for("never", lambda p: running(p, "ok")
+                                   and waiting_reason(p, "app") == "ErrImageNeverPull")
+        message = container(pod, "app").state.waiting.message
+        assert message == ('Container image "busybox:does-not-exist" is not present with pull '
+                           "policy of Never")
+        assert pod.status.phase == "Pending"
+
+
+async def test_unpullable_image_is_err_image_pull_then_backoff(containerd, tmp_path):
+    async with running_agent(containerd.endpoint, tmp_path) as agent:
+        agent.write("pull.yaml", """\
+            apiVersion: v1
+            kind: Pod
+            metadata: {name: pull}
+            spec:
+              containers:
+              - {name: app, image: "127.0.0.1:1/nothing/here:1.0"}
+            """)
+        pod = await agent.wait_for("pull", lambda p: waiting_reason(p, "app") == "ErrImagePull")
+        assert "nothing/here" in container(pod, "app").state.waiting.message
+        await agent.wait_for("pull", lambda p: waiting_reason(p, "app") == "ImagePullBackOff",
+                             timeout=30)
+
+
+async def test_missing_executable_fails_the_container_with_start_error(containerd, tmp_path):
+    async with running_agent(containerd.endpoint, tmp_path) as agent:
+        agent.write("noexec.yaml", """\
+            apiVersion: v1
+            kind: Pod
+            metadata: {name: noexec}
+            spec:
+              restartPolicy: Never
+              containers:
+              - {name: app, image: "busybox:1.36", command: ["/no/such/binary"]}
+            """)
+        pod = await agent.wait_for("noexec", lambda p: p.status.phase == "Failed")
+        # As with the Go kubelet on containerd: the start fails, the container is terminated
+        # with StartError / 128 and the runtime's message, and Never makes the pod Failed.
+        terminated = container(pod, "app").state.terminated
+        assert terminated is not None
+        assert (terminated.reason, terminated.exit_code) == ("StartError", 128)
+        assert "/no/such/binary" in (terminated.message or "")
+        await trio.sleep(2)
+        assert container(agent.pod("noexec"), "app").restart_count == 0
+
+
+async def test_host_network_pod_runs(containerd, tmp_path):
+    async with running_agent(containerd.endpoint, tmp_path) as agent:
+        agent.write("hostnet.yaml", """\
+            apiVersion: v1
+            kind: Pod
+            metadata: {name: hostnet}
+            spec:
+              hostNetwork: true
+              containers:
+              - {name: app, image: "busybox:1.36", command: ["sleep", "3600"]}
+            """)
+        pod = await agent.wait_for("hostnet", lambda p: running(p, "app"))
+        assert pod.status.phase == "Running"
+
+
+async def test_container_ignoring_sigterm_is_killed_after_grace(containerd, tmp_path):
+    async with running_agent(containerd.endpoint, tmp_path) as agent:
+        path = agent.write("stubborn.yaml", """\
+            apiVersion: v1
+            kind: Pod
+            metadata: {name: stubborn}
+            spec:
+              terminationGracePeriodSeconds: 3
+              containers:
+              - name: app
+                image: busybox:1.36
+                command: ["sh", "-c", "trap '' TERM; while true; do sleep 0.2; done"]
+            """)
+        await agent.wait_for("stubborn", lambda p: running(p, "app"))
+        started = trio.current_time()
+        path.unlink()
+        await agent.wait_gone("stubborn", timeout=30)
+        took = trio.current_time() - started
+        # SIGTERM is ignored, so the runtime sends SIGKILL once the 3 s grace is over.
+        assert 2.5 <= took < 15, f"teardown took {took:.1f}s"
