@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from trio_kubelet.core.hashing import container_hash
+from trio_kubelet.core.observed import ContainerState, RuntimeContainer
 from trio_kubelet.model.pod import Container, Pod
 
 CRASH_LOOP_INITIAL_SECONDS = 10.0
@@ -116,3 +117,31 @@ def crash_loop_message(delay: float, pod: Pod, container: Container) -> str:
         f"back-off {format_duration(delay)} restarting failed container={container.name} "
         f"pod={meta.name}_{meta.namespace}({meta.uid})"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class StartGate:
+    """Whether a container may start now, and the backoff state that follows (doBackOff)."""
+
+    allowed: bool
+    remaining: float
+    delay: float
+    backoff: Backoff
+
+
+def gate_container_start(
+    backoff: Backoff, key: str, newest: RuntimeContainer | None, now: float
+) -> StartGate:
+    """Decide a start under crash-loop backoff.
+
+    Only a container whose newest instance exited is subject to backoff; a start
+    that is allowed advances the backoff (doubling it), as the kubelet does when it
+    restarts an exited container.
+    """
+    if newest is None or newest.state is not ContainerState.EXITED:
+        return StartGate(True, 0.0, 0.0, backoff)
+    remaining = backoff.in_backoff(key, newest.finished_at, now)
+    if remaining > 0:
+        return StartGate(False, remaining, backoff.delay(key), backoff)
+    advanced = backoff.next(key, now, event_time=newest.finished_at)
+    return StartGate(True, 0.0, advanced.delay(key), advanced)

@@ -18,7 +18,12 @@ import trio
 
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.core.actions import PodActions, compute_pod_actions
-from trio_kubelet.core.backoff import Backoff, backoff_key, crash_loop_message
+from trio_kubelet.core.backoff import (
+    Backoff,
+    backoff_key,
+    crash_loop_message,
+    gate_container_start,
+)
 from trio_kubelet.core.grace import kill_grace_period
 from trio_kubelet.core.observed import ContainerState, RuntimePodStatus, SandboxState
 from trio_kubelet.core.phase import compute_pod_status
@@ -207,15 +212,13 @@ class PodWorker:
         ctx = self._ctx
         now = ctx.clock.now()
         newest = runtime.find(container.name)
-        key = backoff_key(pod, container)
-        if newest is not None and newest.state is ContainerState.EXITED:
-            remaining = self._backoff.in_backoff(key, newest.finished_at, now)
-            if remaining > 0:
-                message = crash_loop_message(self._backoff.delay(key), pod, container)
-                result.errors[container.name] = ("CrashLoopBackOff", message)
-                result.retry_in(remaining)
-                return False
-            self._backoff = self._backoff.next(key, now, event_time=newest.finished_at)
+        gate = gate_container_start(self._backoff, backoff_key(pod, container), newest, now)
+        self._backoff = gate.backoff
+        if not gate.allowed:
+            message = crash_loop_message(gate.delay, pod, container)
+            result.errors[container.name] = ("CrashLoopBackOff", message)
+            result.retry_in(gate.remaining)
+            return False
         try:
             image_ref = await ctx.images.ensure(container, now)
         except ImageError as err:
