@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -17,6 +19,8 @@ from trio_kubelet.events import Event, ResyncTick
 from trio_kubelet.images.manager import ImageManager
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import WorkerContext
+from trio_kubelet.replay.recorder import Recorder
+from trio_kubelet.replay.records import Header
 from trio_kubelet.runtime.client import CRIClient, Observer, open_cri_client
 from trio_kubelet.runtime.errors import CRIError
 from trio_kubelet.sources.pleg import run_pleg
@@ -66,6 +70,40 @@ async def _stop_on_signal(cancel_scope: trio.CancelScope) -> None:
             return
 
 
+def _start_recorder(
+    options: AgentOptions, clock: TrioWallClock, loop: Callable[[], SyncLoop]
+) -> Recorder | None:
+    if options.record is None:
+        return None
+    header = Header(
+        t=trio.current_time(),
+        agent_version=__version__,
+        node=options.node_name,
+        start_time=clock.now(),
+        config=options.config.to_wire(),
+    )
+    log.info("Recording to %s", options.record)
+    # The snapshot is only needed at a rotation, by which time the loop exists.
+    return Recorder(
+        options.record,
+        header,
+        snapshot=lambda: loop().snapshot(),
+        max_bytes=options.record_max_bytes,
+    )
+
+
+def _observers(*observers: Observer | None) -> Observer | None:
+    chosen = [o for o in observers if o is not None]
+    if len(chosen) <= 1:
+        return chosen[0] if chosen else None
+
+    def observe(method: str, request: Any, outcome: Any, duration: float) -> None:
+        for observer in chosen:
+            observer(method, request, outcome, duration)
+
+    return observe
+
+
 async def run_agent(
     options: AgentOptions,
     *,
@@ -75,17 +113,23 @@ async def run_agent(
 ) -> None:
     """Run the node agent until SIGINT/SIGTERM (or cancellation). Pods outlive the agent.
 
-    ``store`` and ``cri_observer`` let tests, benchmarks and the recorder watch
-    the agent from inside the same process.
+    ``store`` and ``cri_observer`` let tests and benchmarks watch the agent from
+    inside the same process.
     """
     config = options.config
     endpoint = config.container_runtime_endpoint
     log.info("trio-kubelet %s starting on node %s", __version__, options.node_name)
     store = store if store is not None else PodStatusStore()
+    clock = TrioWallClock()
+    loops: list[SyncLoop] = []
+    recorder = _start_recorder(options, clock, lambda: loops[0])
     async with trio.open_nursery() as top:
         top.start_soon(_stop_on_signal, top.cancel_scope)
+        if recorder is not None:
+            await top.start(recorder.run)
+        observer = _observers(cri_observer, recorder.cri_observer if recorder else None)
         async with open_cri_client(
-            endpoint, timeout=config.runtime_request_timeout, observer=cri_observer
+            endpoint, timeout=config.runtime_request_timeout, observer=observer
         ) as client:
             runtime = await wait_for_runtime(client, endpoint)
             log.info("Connected to container runtime %s at %s", runtime, endpoint)
@@ -93,13 +137,15 @@ async def run_agent(
                 client=client,
                 images=ImageManager(client),
                 store=store,
-                clock=TrioWallClock(),
+                clock=clock,
                 pod_logs_dir=Path(config.pod_logs_dir),
                 node_ip=(options.node_ip or "").split(",")[0],
                 runtime_name=runtime.split()[0],
+                recorder=recorder,
             )
             sources = ["file"] if config.static_pod_path else []
             loop = SyncLoop(ctx, sources)
+            loops.append(loop)
             send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
             async with trio.open_nursery() as nursery:
                 await nursery.start(loop.run, receive)
@@ -111,13 +157,13 @@ async def run_agent(
                             Path(config.static_pod_path),
                             options.node_name,
                             check_frequency=config.file_check_frequency,
-                            wall_clock=ctx.clock.now,
+                            wall_clock=clock.now,
                         )
                     )
                 nursery.start_soon(run_pleg, send.clone(), client)
                 nursery.start_soon(_resync, send.clone(), config.sync_frequency)
                 if options.show_pods:
-                    nursery.start_soon(print_pod_changes, store, sys.stdout, ctx.clock)
+                    nursery.start_soon(print_pod_changes, store, sys.stdout, clock)
                 send.close()
                 task_status.started(loop)
         top.cancel_scope.cancel()

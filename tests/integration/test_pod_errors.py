@@ -107,3 +107,23 @@ async def test_container_ignoring_sigterm_is_killed_after_grace(containerd, tmp_
         took = trio.current_time() - started
         # SIGTERM is ignored, so the runtime sends SIGKILL once the 3 s grace is over.
         assert 2.5 <= took < 15, f"teardown took {took:.1f}s"
+
+
+async def test_memory_limit_exceeded_is_oom_killed(containerd, tmp_path):
+    async with running_agent(containerd.endpoint, tmp_path) as agent:
+        agent.write("oom.yaml", """\
+            apiVersion: v1
+            kind: Pod
+            metadata: {name: oom}
+            spec:
+              restartPolicy: Never
+              containers:
+              - name: hog
+                image: busybox:1.36
+                command: ["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"]
+                resources: {limits: {memory: 16Mi}}
+            """)
+        pod = await agent.wait_for("oom", lambda p: p.status.phase == "Failed")
+        terminated = container(pod, "hog").state.terminated
+        assert terminated is not None
+        assert (terminated.reason, terminated.exit_code) == ("OOMKilled", 137)

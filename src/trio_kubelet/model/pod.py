@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from trio_kubelet.model.base import KubeModel
+from trio_kubelet.model.quantity import QuantityError, parse_quantity
 
 RestartPolicy = Literal["Always", "OnFailure", "Never"]
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
@@ -61,6 +62,16 @@ class ContainerPort(KubeModel):
 class ResourceRequirements(KubeModel):
     limits: dict[str, str | int | float] = Field(default_factory=dict)
     requests: dict[str, str | int | float] = Field(default_factory=dict)
+
+    @field_validator("limits", "requests")
+    @classmethod
+    def _quantities(cls, values: dict[str, str | int | float]) -> dict[str, str | int | float]:
+        for name, value in values.items():
+            try:
+                parse_quantity(value)
+            except QuantityError as err:
+                raise ValueError(f"{name}: {err}") from None
+        return values
 
 
 class ExecAction(KubeModel):

@@ -1,9 +1,8 @@
 """The sync loop: the one consumer of every source's events, routing work to pod workers.
 
-It merges the pod sets of all sources (the Go kubelet's PodConfig), wakes the
-worker of each pod an event concerns, and starts a teardown worker for pods the
-runtime holds that no source wants — but only after every source has reported
-once, so a restarted agent adopts its pods instead of killing them.
+It feeds pod sets to ``PodConfig`` (which decides which pods are wanted), wakes
+the worker of each pod an event concerns, and starts a teardown worker for pods
+the runtime holds that no source wants.
 """
 
 from __future__ import annotations
@@ -15,7 +14,9 @@ import trio
 
 from trio_kubelet.events import Event, PodLifecycleEvent, PodSetUpdate, RelistDone, ResyncTick
 from trio_kubelet.model.pod import Pod
+from trio_kubelet.reconcile.podconfig import Change, PodConfig
 from trio_kubelet.reconcile.workers import PodWorker, WorkerContext
+from trio_kubelet.replay.records import EventRecord, SnapshotRecord
 
 log = logging.getLogger("trio_kubelet.sync")
 
@@ -23,19 +24,14 @@ log = logging.getLogger("trio_kubelet.sync")
 class SyncLoop:
     def __init__(self, ctx: WorkerContext, sources: Iterable[str]) -> None:
         self._ctx = ctx
-        self._expected_sources = set(sources)
-        self._pod_sets: dict[str, dict[str, Pod]] = {}
+        self.config = PodConfig(sources)
         self.workers: dict[str, PodWorker] = {}
-        # Pods the runtime reported that no source has claimed (yet).
-        self._unclaimed: set[str] = set()
         # Pods whose teardown finished: late PLEG events about them are expected.
         self._gone: set[str] = set()
         self.last_relist_ok: float | None = None
         self._nursery: trio.Nursery | None = None
-
-    @property
-    def sources_ready(self) -> bool:
-        return self._expected_sources <= self._pod_sets.keys()
+        # Every consumed event gets a sequence number; recordings refer to pod specs by it.
+        self._seq = 0
 
     async def run(
         self,
@@ -53,8 +49,18 @@ class SyncLoop:
 
     def handle(self, event: Event) -> None:
         """Apply one event to the desired state and wake the workers concerned (never blocks)."""
+        seq = self._seq
+        self._seq += 1
+        recorder = self._ctx.recorder
+        if recorder is not None:
+            t = trio.current_time()
+            recorder.add(
+                lambda: EventRecord(
+                    t=t, seq=seq, event=event.model_dump(mode="json", by_alias=True)
+                )
+            )
         if isinstance(event, PodSetUpdate):
-            self._apply_pod_set(event)
+            self._apply(self.config.apply(event), seq)
         elif isinstance(event, PodLifecycleEvent):
             self._on_lifecycle(event)
         elif isinstance(event, RelistDone):
@@ -64,55 +70,28 @@ class SyncLoop:
             for worker in self.workers.values():
                 worker.wake()
 
-    def desired(self) -> dict[str, Pod]:
-        """Every pod some source wants, by UID (first source wins on a UID clash)."""
-        merged: dict[str, Pod] = {}
-        for pods in self._pod_sets.values():
-            for uid, pod in pods.items():
-                merged.setdefault(uid, pod)
-        return merged
-
-    def _apply_pod_set(self, update: PodSetUpdate) -> None:
-        was_ready = self.sources_ready
-        old = self._pod_sets.get(update.source, {})
-        new = {pod.metadata.uid: pod for pod in update.pods}
-        self._pod_sets[update.source] = new
-        for uid, pod in new.items():
-            if old.get(uid) != pod:
-                log.info(
-                    "%s pod %s (%s) from source %s",
-                    "Updated" if uid in old else "Added",
-                    pod.full_name,
-                    uid,
-                    update.source,
-                )
-                self._want(uid, pod)
-        desired = self.desired()
-        for uid in old.keys() - new.keys():
-            if uid not in desired:
-                log.info(
-                    "Removed pod %s (%s) from source %s", old[uid].full_name, uid, update.source
-                )
-                self._want(uid, None)
-        if self.sources_ready and not was_ready:
-            log.info("All pod sources are ready")
-            for uid in self._unclaimed - desired.keys():
-                log.info("Pod %s is on the runtime but in no source: tearing it down", uid)
-                self._want(uid, None)
-            self._unclaimed.clear()
-
     def _on_lifecycle(self, event: PodLifecycleEvent) -> None:
         worker = self.workers.get(event.pod_uid)
         if worker is not None:
             worker.wake()
-        elif event.pod_uid in self._gone or event.type == "ContainerRemoved":
-            return
-        elif self.sources_ready:
-            self._want(event.pod_uid, None)
-        else:
-            self._unclaimed.add(event.pod_uid)
+        elif event.pod_uid not in self._gone and event.type != "ContainerRemoved":
+            self._apply(self.config.runtime_pod_seen(event.pod_uid), -1)
 
-    def _want(self, uid: str, pod: Pod | None) -> None:
+    def snapshot(self) -> SnapshotRecord:
+        """The pod sets and spec versions now, to start a rotated recording with."""
+        return SnapshotRecord(
+            pod_sets={
+                source: [pod.to_api() for pod in pods.values()]
+                for source, pods in self.config.pod_sets().items()
+            },
+            spec_seqs={uid: worker.spec_seq for uid, worker in self.workers.items()},
+        )
+
+    def _apply(self, changes: list[Change], seq: int) -> None:
+        for change in changes:
+            self._want(change.uid, change.pod, seq)
+
+    def _want(self, uid: str, pod: Pod | None, seq: int) -> None:
         worker = self.workers.get(uid)
         if worker is None:
             assert self._nursery is not None, "SyncLoop.handle called before run()"
@@ -121,6 +100,7 @@ class SyncLoop:
             self._gone.discard(uid)
             self._nursery.start_soon(self._run_worker, worker)
         worker.pod = pod
+        worker.spec_seq = seq if pod is not None else -1
         worker.wake()
 
     async def _run_worker(self, worker: PodWorker) -> None:

@@ -29,6 +29,14 @@ from trio_kubelet.core.observed import ContainerState, RuntimePodStatus, Sandbox
 from trio_kubelet.core.phase import compute_pod_status
 from trio_kubelet.images.manager import ImageError, ImageManager
 from trio_kubelet.model.pod import Container, Pod, PodStatus, is_sidecar
+from trio_kubelet.replay.codec import actions_to_json, observed_to_json
+from trio_kubelet.replay.recorder import Recorder
+from trio_kubelet.replay.records import (
+    ContainerStart,
+    DecisionRecord,
+    StatusRecord,
+    TeardownRecord,
+)
 from trio_kubelet.runtime import configs
 from trio_kubelet.runtime.client import CRIClient
 from trio_kubelet.runtime.cri.runtime import v1 as cri
@@ -55,13 +63,16 @@ class WorkerContext:
     pod_logs_dir: Path
     node_ip: str = ""
     runtime_name: str = "containerd"
+    recorder: Recorder | None = None
 
 
 @dataclass
 class _SyncResult:
-    """What one sync left behind: per-container errors and when to look again."""
+    """What one sync decided and left behind: gates passed, errors, when to look again."""
 
+    now: float
     errors: dict[str, tuple[str, str]] = field(default_factory=dict)
+    starts: list[ContainerStart] = field(default_factory=list)
     requeue_at: float = math.inf
 
     def retry_in(self, seconds: float) -> None:
@@ -74,6 +85,7 @@ class PodWorker:
     def __init__(self, uid: str, ctx: WorkerContext) -> None:
         self.uid = uid
         self.pod: Pod | None = None  # the desired pod; None = tear down
+        self.spec_seq = -1  # seq of the event that set ``pod`` (for recordings)
         self._ctx = ctx
         self._wake_send, self._wake_recv = trio.open_memory_channel[None](1)
         self._backoff = Backoff()
@@ -119,14 +131,42 @@ class PodWorker:
     async def _sync(self, pod: Pod) -> float:
         """One SyncPod: compute actions, execute them, publish the status; return requeue time."""
         ctx = self._ctx
+        spec_seq = self.spec_seq
         runtime = await inspect_pod(ctx.client, self.uid)
+        t = trio.current_time()
+        result = _SyncResult(now=ctx.clock.now())
         actions = compute_pod_actions(pod, runtime)
-        result = _SyncResult()
         changed = await self._execute(pod, runtime, actions, result)
+        if ctx.recorder is not None:
+            self._record_decision(ctx.recorder, t, pod, spec_seq, runtime, actions, result)
         if changed:
             runtime = await inspect_pod(ctx.client, self.uid)
-        self._publish(pod, runtime, result.errors)
+        self._publish(pod, runtime, result.now, result.errors)
         return result.requeue_at
+
+    def _record_decision(
+        self,
+        recorder: Recorder,
+        t: float,
+        pod: Pod,
+        spec_seq: int,
+        runtime: RuntimePodStatus,
+        actions: PodActions,
+        result: _SyncResult,
+    ) -> None:
+        name, now, starts = pod.full_name, result.now, list(result.starts)
+        recorder.add(
+            lambda: DecisionRecord(
+                t=t,
+                uid=self.uid,
+                pod=name,
+                spec_seq=spec_seq,
+                now=now,
+                observed=observed_to_json(runtime),
+                actions=actions_to_json(actions),
+                starts=starts,
+            )
+        )
 
     async def _execute(
         self, pod: Pod, runtime: RuntimePodStatus, actions: PodActions, result: _SyncResult
@@ -210,10 +250,23 @@ class PodWorker:
     ) -> bool:
         """Start one container unless it is in crash-loop backoff; record why it did not start."""
         ctx = self._ctx
-        now = ctx.clock.now()
+        now = result.now
         newest = runtime.find(container.name)
-        gate = gate_container_start(self._backoff, backoff_key(pod, container), newest, now)
+        key = backoff_key(pod, container)
+        prior = self._backoff.entries.get(key)
+        gate = gate_container_start(self._backoff, key, newest, now)
         self._backoff = gate.backoff
+        result.starts.append(
+            ContainerStart(
+                container=container.name,
+                key=key,
+                prior_delay=prior.delay if prior else None,
+                prior_update=prior.last_update if prior else None,
+                allowed=gate.allowed,
+                remaining=gate.remaining,
+                delay=gate.delay,
+            )
+        )
         if not gate.allowed:
             message = crash_loop_message(gate.delay, pod, container)
             result.errors[container.name] = ("CrashLoopBackOff", message)
@@ -330,23 +383,29 @@ class PodWorker:
             log_dir = ctx.pod_logs_dir / f"{runtime.namespace}_{runtime.name}_{self.uid}"
             shutil.rmtree(log_dir, ignore_errors=True)
         ctx.store.remove(self.uid)
+        if ctx.recorder is not None:
+            t = trio.current_time()
+            ctx.recorder.add(lambda: TeardownRecord(t=t, uid=self.uid, pod=name))
         log.info("Pod %s (%s) is gone", name, self.uid)
 
     # -- status -----------------------------------------------------------------------------
 
     def _publish(
-        self, pod: Pod, runtime: RuntimePodStatus, errors: dict[str, tuple[str, str]]
+        self, pod: Pod, runtime: RuntimePodStatus, now: float, errors: dict[str, tuple[str, str]]
     ) -> None:
         ctx = self._ctx
         status = compute_pod_status(
             pod,
             runtime,
-            now=ctx.clock.now(),
+            now=now,
             previous=self._status,
             sync_errors=errors,
             host_ip=ctx.node_ip,
             runtime_name=ctx.runtime_name,
         )
+        if ctx.recorder is not None and status != self._status:
+            t, name, wire = trio.current_time(), pod.full_name, status.to_api()
+            ctx.recorder.add(lambda: StatusRecord(t=t, uid=self.uid, pod=name, status=wire))
         self._status = status
         ctx.store.set(pod, status)
 

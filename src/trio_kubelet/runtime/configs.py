@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trio_kubelet.core.hashing import container_hash
+from trio_kubelet.core.resources import linux_resources
 from trio_kubelet.model.pod import Container, Pod
 from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.cri.runtime import v1 as cri
@@ -94,8 +95,19 @@ def container_config(
         stdin_once=container.stdin_once,
         tty=container.tty,
         linux=cri.LinuxContainerConfig(
+            resources=_linux_resources(container),
             security_context=cri.LinuxContainerSecurityContext(
                 namespace_options=_namespace_options(pod)
             ),
         ),
+    )
+
+
+def _linux_resources(container: Container) -> cri.LinuxContainerResources:
+    wanted = linux_resources(container)
+    return cri.LinuxContainerResources(
+        cpu_shares=wanted.cpu_shares,
+        cpu_quota=wanted.cpu_quota,
+        cpu_period=wanted.cpu_period,
+        memory_limit_in_bytes=wanted.memory_limit_bytes,
     )

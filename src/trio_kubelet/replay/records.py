@@ -1,0 +1,129 @@
+"""The lines of a recording (JSON Lines): header, events, CRI answers, decisions, statuses.
+
+A recording is a complete account of why the agent did what it did: every event
+the sync loop consumed, every CRI call and its answer, and for every pod sync the
+inputs of the pure decisions (the pod spec version, the observed runtime state,
+the wall time) with the decisions that came out. ``t`` is trio's clock (seconds
+since the agent started); ``now`` is the wall time the decision was given.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+FORMAT_VERSION = 1
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    t: float = 0.0
+
+
+class Header(_Record):
+    """First line of every recording file (also after a rotation)."""
+
+    kind: Literal["header"] = "header"
+    format: int = FORMAT_VERSION
+    agent_version: str
+    node: str
+    start_time: float  # epoch seconds at t == 0
+    config: dict[str, Any]
+    rotated_from: str | None = None
+
+
+class EventRecord(_Record):
+    """One event as the sync loop consumed it (``events.Event`` as JSON)."""
+
+    kind: Literal["event"] = "event"
+    seq: int
+    event: dict[str, Any]
+
+
+class CRIRecord(_Record):
+    """One CRI call and its answer or error."""
+
+    kind: Literal["cri"] = "cri"
+    method: str
+    request: dict[str, Any]
+    response: dict[str, Any] | None = None
+    error: str | None = None
+    error_code: str | None = None
+    duration: float = 0.0
+
+
+class ContainerStart(BaseModel):
+    """The crash-loop gate for one container the actions asked to start: input and answer.
+
+    ``prior_delay``/``prior_update`` are the backoff entry before the gate (None: no
+    entry), so each gate can be re-checked on its own.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    container: str
+    key: str
+    prior_delay: float | None = None
+    prior_update: float | None = None
+    allowed: bool
+    remaining: float = 0.0
+    delay: float = 0.0
+
+
+class DecisionRecord(_Record):
+    """One pod sync: the decision inputs and what the pure core decided."""
+
+    kind: Literal["decision"] = "decision"
+    uid: str
+    pod: str  # name_namespace
+    spec_seq: int  # seq of the event that last set this pod's spec (-1: teardown)
+    now: float
+    observed: dict[str, Any]  # core.observed.RuntimePodStatus as JSON
+    liveness: dict[str, str] = Field(default_factory=dict)
+    startup: dict[str, str] = Field(default_factory=dict)
+    actions: dict[str, Any]  # core.actions.PodActions as JSON (reasons included)
+    starts: list[ContainerStart] = Field(default_factory=list)
+
+
+class StatusRecord(_Record):
+    """The API status a sync published (for the timeline and for readers of a recording)."""
+
+    kind: Literal["status"] = "status"
+    uid: str
+    pod: str
+    status: dict[str, Any]
+
+
+class SnapshotRecord(_Record):
+    """The sources' pod sets when a rotated file starts, so the file replays on its own.
+
+    ``spec_seqs`` maps each pod UID to the seq of the event that set its spec.
+    """
+
+    kind: Literal["snapshot"] = "snapshot"
+    pod_sets: dict[str, list[dict[str, Any]]]
+    spec_seqs: dict[str, int]
+
+
+class TeardownRecord(_Record):
+    """A pod's containers and sandboxes were removed (the end of its lanes)."""
+
+    kind: Literal["teardown"] = "teardown"
+    uid: str
+    pod: str
+
+
+Record = Annotated[
+    Header
+    | EventRecord
+    | SnapshotRecord
+    | CRIRecord
+    | DecisionRecord
+    | StatusRecord
+    | TeardownRecord,
+    Field(discriminator="kind"),
+]
+
+RECORD_ADAPTER: TypeAdapter[Record] = TypeAdapter(Record)
