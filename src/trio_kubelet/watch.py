@@ -64,22 +64,10 @@ def pod_status_text(pod: Pod) -> str:
     status = pod.status
     if pod.metadata.deletion_timestamp:
         return "Terminating"
+    init_progress = _init_progress(pod)
+    if init_progress is not None:
+        return init_progress
     reason = status.reason or status.phase
-    inits = [c for c in pod.spec.init_containers if not is_sidecar(c)]
-    by_name = {s.name: s for s in status.init_container_statuses}
-    for index, init in enumerate(inits):
-        init_status = by_name.get(init.name)
-        if init_status is None:
-            return f"Init:{index}/{len(inits)}"
-        terminated = init_status.state.terminated
-        if terminated is not None and terminated.exit_code == 0:
-            continue
-        if terminated is not None:
-            return f"Init:{_terminated_reason(init_status)}"
-        waiting = init_status.state.waiting
-        if waiting is not None and waiting.reason and waiting.reason != "PodInitializing":
-            return f"Init:{waiting.reason}"
-        return f"Init:{index}/{len(inits)}"
     running = False
     for container in reversed(status.container_statuses):
         if container.state.waiting is not None and container.state.waiting.reason:
@@ -89,8 +77,31 @@ def pod_status_text(pod: Pod) -> str:
         elif container.state.running is not None and container.ready:
             running = True
     if running and reason == "Completed":
-        reason = "Running"
+        ready = any(c.type == "Ready" and c.status == "True" for c in status.conditions)
+        reason = "Running" if ready else "NotReady"
     return reason
+
+
+def _init_progress(pod: Pod) -> str | None:
+    """``Init:…`` while init containers are still in the way, counting sidecars as kubectl does."""
+    inits = pod.spec.init_containers
+    by_name = {s.name: s for s in pod.status.init_container_statuses}
+    for index, init in enumerate(inits):
+        init_status = by_name.get(init.name)
+        if init_status is None:
+            return f"Init:{index}/{len(inits)}"
+        terminated = init_status.state.terminated
+        if terminated is not None and terminated.exit_code == 0:
+            continue
+        if is_sidecar(init) and init_status.started:
+            continue
+        if terminated is not None:
+            return f"Init:{_terminated_reason(init_status)}"
+        waiting = init_status.state.waiting
+        if waiting is not None and waiting.reason and waiting.reason != "PodInitializing":
+            return f"Init:{waiting.reason}"
+        return f"Init:{index}/{len(inits)}"
+    return None
 
 
 def pod_row(pod: Pod, now: float) -> PodRow:

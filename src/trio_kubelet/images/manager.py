@@ -22,14 +22,14 @@ class ImageError(Exception):
 
 
 class ImageManager:
-    """Shared by every pod worker: one pull backoff per image, as in the Go kubelet."""
+    """Shared by every pod worker: one pull backoff per pod and image, as in the Go kubelet."""
 
     def __init__(self, client: CRIClient) -> None:
         self._client = client
         self._backoff = Backoff()
         self._failed_at: dict[str, float] = {}
 
-    async def ensure(self, container: Container, now: float) -> str:
+    async def ensure(self, container: Container, pod_uid: str, now: float) -> str:
         """The runtime's reference (image ID) for the container's image; pulls if needed."""
         image = container.image
         present = await self._client.image_status(image)
@@ -41,8 +41,9 @@ class ImageManager:
                 "ErrImageNeverPull",
                 f'Container image "{image}" is not present with pull policy of Never',
             )
-        failed_at = self._failed_at.get(image)
-        if failed_at is not None and self._backoff.in_backoff(image, failed_at, now) > 0:
+        key = f"{pod_uid}_{image}"
+        failed_at = self._failed_at.get(key)
+        if failed_at is not None and self._backoff.in_backoff(key, failed_at, now) > 0:
             raise ImageError("ImagePullBackOff", f'Back-off pulling image "{image}"')
         log.info("Pulling image %s", image)
         try:
@@ -51,9 +52,9 @@ class ImageManager:
             if present is not None:  # Always with the image present: a failed refresh is not fatal
                 log.warning("Pulling image %s failed, using the present one: %s", image, err)
                 return present.id
-            self._failed_at[image] = now
-            self._backoff = self._backoff.next(image, now)
+            self._failed_at[key] = now
+            self._backoff = self._backoff.next(key, now)
             raise ImageError("ErrImagePull", f'Failed to pull image "{image}": {err}') from err
-        self._failed_at.pop(image, None)
+        self._failed_at.pop(key, None)
         log.info("Successfully pulled image %s", image)
         return ref

@@ -56,7 +56,7 @@ class ContainerPort(KubeModel):
     name: str | None = None
     protocol: Literal["TCP", "UDP", "SCTP"] = "TCP"
     host_port: int | None = Field(default=None, ge=0, le=65535)
-    host_ip: str | None = None
+    host_ip: str | None = Field(default=None, alias="hostIP")
 
 
 class ResourceRequirements(KubeModel):

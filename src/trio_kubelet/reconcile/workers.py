@@ -273,7 +273,7 @@ class PodWorker:
             result.retry_in(gate.remaining)
             return False
         try:
-            image_ref = await ctx.images.ensure(container, now)
+            image_ref = await ctx.images.ensure(container, self.uid, now)
         except ImageError as err:
             result.errors[container.name] = (err.reason, err.message)
             result.retry_in(SYNC_ERROR_RETRY)
@@ -379,8 +379,8 @@ class PodWorker:
             await ctx.client.remove_container(container.id)
         for sandbox in runtime.sandboxes:
             await ctx.client.remove_pod_sandbox(sandbox.id)
-        if runtime.name:
-            log_dir = ctx.pod_logs_dir / f"{runtime.namespace}_{runtime.name}_{self.uid}"
+        # By UID alone: the directory may exist without any sandbox to name the pod.
+        for log_dir in ctx.pod_logs_dir.glob(f"*_{self.uid}"):
             shutil.rmtree(log_dir, ignore_errors=True)
         ctx.store.remove(self.uid)
         if ctx.recorder is not None:

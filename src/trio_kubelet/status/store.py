@@ -21,7 +21,12 @@ class PodStatusStore:
         """Record ``status`` for ``pod``; readers are woken only when something changed."""
         uid = pod.metadata.uid
         current = self._pods.get(uid)
-        if current is not None and current.status == status and current.spec == pod.spec:
+        if (
+            current is not None
+            and current.status == status
+            and current.spec == pod.spec
+            and current.metadata == pod.metadata
+        ):
             return
         self._pods[uid] = pod.model_copy(update={"status": status})
         self._notify()

@@ -1,0 +1,172 @@
+"""sources.pleg: relisting the fake runtime on trio's (mock) clock and reporting changes."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from trio_kubelet.clock import TrioWallClock
+from trio_kubelet.events import Event, PodLifecycleEvent, RelistDone
+from trio_kubelet.model.pod import Pod
+from trio_kubelet.runtime import configs
+from trio_kubelet.runtime.client import open_cri_client
+from trio_kubelet.runtime.cri.runtime import v1
+from trio_kubelet.runtime.fake import ContainerScript, FakeRuntime, serve_fake_runtime
+from trio_kubelet.sources.pleg import run_pleg
+
+T0 = 1_700_000_000.0
+UID = "5f0c3b8e-1111-4000-8000-000000000001"
+IMAGE = "busybox:1.36"
+
+
+@dataclass
+class Relist:
+    """What one relist sent: its lifecycle events (as tuples) and its RelistDone."""
+
+    events: list[tuple[str, str, str]]
+    done: RelistDone
+
+
+@dataclass
+class Pleg:
+    fake: FakeRuntime
+    receive: trio.MemoryReceiveChannel[Event]
+
+    async def next_relist(self) -> Relist:
+        events: list[tuple[str, str, str]] = []
+        with trio.fail_after(5):  # virtual seconds: a PLEG that stops reporting fails fast
+            async for event in self.receive:
+                if isinstance(event, RelistDone):
+                    return Relist(events, event)
+                assert isinstance(event, PodLifecycleEvent)
+                events.append((event.pod_uid, event.type, event.container_id))
+        raise AssertionError("PLEG stopped")
+
+
+@asynccontextmanager
+async def running_pleg(tmp_path: Path) -> AsyncIterator[Pleg]:
+    wall = TrioWallClock(epoch=T0)
+    sock = tmp_path / "cri.sock"
+    async with serve_fake_runtime(sock, clock=wall.now) as fake, \
+            open_cri_client(f"unix://{sock}", timeout=5.0) as client:
+        fake.add_image(IMAGE)
+        # Unbounded, so reading late never delays a relist and relist times stay exact.
+        send, receive = trio.open_memory_channel[Event](math.inf)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_pleg, send, client)
+            yield Pleg(fake, receive)
+            nursery.cancel_scope.cancel()
+
+
+POD = Pod.model_validate({
+    "metadata": {"name": "web", "namespace": "default", "uid": UID},
+    "spec": {"containers": [{"name": name, "image": IMAGE} for name in ("a", "b", "c", "d")]},
+})
+
+
+def run_sandbox(fake: FakeRuntime, tmp_path: Path) -> tuple[str, v1.PodSandboxConfig]:
+    """Create the pod's sandbox straight on the fake (not through the served API)."""
+    config = configs.sandbox_config(POD, 0, tmp_path / "logs")
+    request = v1.RunPodSandboxRequest(config=config)
+    return str(fake.run_pod_sandbox(request).pod_sandbox_id), config
+
+
+def run_container(fake: FakeRuntime, sandbox: tuple[str, v1.PodSandboxConfig], name: str) -> str:
+    sandbox_id, sandbox_config = sandbox
+    container = next(c for c in POD.spec.containers if c.name == name)
+    config = configs.container_config(POD, container, kind="regular", image_ref=IMAGE,
+                                      restart_count=0)
+    container_id = fake.create_container(v1.CreateContainerRequest(
+        pod_sandbox_id=sandbox_id, config=config, sandbox_config=sandbox_config)).container_id
+    fake.start_container(v1.StartContainerRequest(container_id=container_id))
+    return str(container_id)
+
+
+async def test_first_relist_reports_what_runs_and_a_scripted_exit_is_reported(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with running_pleg(tmp_path) as pleg:
+        pleg.fake.script("web", "a", ContainerScript(exit_after=1.5, exit_code=3))
+        sandbox = run_sandbox(pleg.fake, tmp_path)
+        a = run_container(pleg.fake, sandbox, "a")
+        start = trio.current_time()
+
+        first = await pleg.next_relist()
+        assert first.done.ok
+        assert sorted(first.events) == sorted([
+            (UID, "ContainerStarted", sandbox[0]),
+            (UID, "ContainerStarted", a),
+        ])
+        second = await pleg.next_relist()  # at 1 s: nothing changed yet
+        assert (second.events, trio.current_time() - start) == ([], 1.0)
+        third = await pleg.next_relist()  # at 2 s: exited at 1.5 s
+        assert third.events == [(UID, "ContainerDied", a)]
+        assert trio.current_time() - start == 2.0
+        assert (await pleg.next_relist()).events == []
+        # Two list calls per relist, nothing else: relisting is the hot path.
+        assert pleg.fake.calls["ListPodSandbox"] == pleg.fake.calls["ListContainers"] == 4
+        assert pleg.fake.calls["ContainerStatus"] == 0
+
+
+async def test_changes_hidden_by_an_outage_are_reported_after_it(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="trio_kubelet.pleg")
+    async with running_pleg(tmp_path) as pleg:
+        fake = pleg.fake
+        sandbox = run_sandbox(fake, tmp_path)
+        a, b, c = (run_container(fake, sandbox, name) for name in "abc")
+        assert (await pleg.next_relist()).done.ok
+
+        fake.set_unavailable(True)
+        fake.crash(a, exit_code=1)  # the fake's own API works during the outage
+        fake.stop_container(v1.StopContainerRequest(container_id=b, timeout=0))
+        fake.remove_container(v1.RemoveContainerRequest(container_id=b))
+        fake.stop_container(v1.StopContainerRequest(container_id=c, timeout=0))
+        d = run_container(fake, sandbox, "d")
+        for _ in range(2):
+            failed = await pleg.next_relist()
+            assert failed.events == []
+            assert not failed.done.ok
+            assert "UNAVAILABLE" in failed.done.error
+
+        fake.set_unavailable(False)
+        recovered = await pleg.next_relist()
+        assert recovered.done.ok
+        assert sorted(recovered.events) == sorted([
+            (UID, "ContainerDied", a),
+            (UID, "ContainerDied", b),
+            (UID, "ContainerRemoved", b),
+            (UID, "ContainerDied", c),
+            (UID, "ContainerStarted", d),
+        ])
+        # Died comes before Removed for the same container.
+        kinds_of_b = [kind for _, kind, cid in recovered.events if cid == b]
+        assert kinds_of_b == ["ContainerDied", "ContainerRemoved"]
+        assert (await pleg.next_relist()).events == []
+
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("PLEG relist failed" in m for m in messages) == 1, "one warning per outage"
+    assert sum("PLEG relist recovered" in m for m in messages) == 1
+
+
+async def test_relists_keep_their_period_when_the_runtime_is_slow(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with running_pleg(tmp_path) as pleg:
+        pleg.fake.set_delay("ListContainers", 0.25)
+        start = trio.current_time()
+        durations = []
+        for _ in range(3):
+            durations.append((await pleg.next_relist()).done.duration)
+        # Relists start every second; each reports how long its calls took.
+        assert trio.current_time() - start == pytest.approx(2.25)
+        assert durations == [pytest.approx(0.25)] * 3

@@ -1,0 +1,491 @@
+"""reconcile.loop: merging pod sets, routing events to pod workers, coalescing, teardown, adoption.
+
+Runs a SyncLoop (with real pod workers) on the fake runtime under trio's MockClock with
+autojump; the fake reads the same clock. Events are fed as the sources would send them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from trio_kubelet.clock import TrioWallClock
+from trio_kubelet.core.actions import PodActions
+from trio_kubelet.core.observed import RuntimePodStatus
+from trio_kubelet.events import (
+    Event,
+    PodLifecycleEvent,
+    PodSetUpdate,
+    RelistDone,
+    ResyncTick,
+)
+from trio_kubelet.images.manager import ImageManager
+from trio_kubelet.model.pod import Pod
+from trio_kubelet.reconcile import workers
+from trio_kubelet.reconcile.loop import SyncLoop
+from trio_kubelet.reconcile.workers import SYNC_ERROR_RETRY, WorkerContext
+from trio_kubelet.runtime import labels
+from trio_kubelet.runtime.client import CRIClient, open_cri_client
+from trio_kubelet.runtime.cri.runtime import v1
+from trio_kubelet.runtime.fake import FakeRuntime, serve_fake_runtime
+from trio_kubelet.sources.pleg import run_pleg
+from trio_kubelet.status.store import PodStatusStore
+
+T0 = 1_700_000_000.0
+IMAGE = "busybox:1.36"
+WEB = "6a2d4f00-5555-4000-8000-000000000001"
+API = "6a2d4f00-5555-4000-8000-000000000002"
+
+
+@dataclass
+class Runtime:
+    """The fake runtime and a client to it; outlives the agents run on it."""
+
+    fake: FakeRuntime
+    client: CRIClient
+    wall: TrioWallClock
+    logs: Path
+
+
+@dataclass
+class Agent:
+    """One SyncLoop with its own store, as one run of the agent."""
+
+    loop: SyncLoop
+    store: PodStatusStore
+    send: trio.MemorySendChannel[Event]
+
+    async def wait_for(self, uid: str, predicate: Callable[[Pod], bool],
+                       timeout: float = 60.0) -> Pod:
+        with trio.move_on_after(timeout):  # virtual seconds
+            while True:
+                pod = self.store.get(uid)
+                if pod is not None and predicate(pod):
+                    return pod
+                await self.store.wait_changed()
+        raise AssertionError(f"pod {uid} did not reach the expected state: {self.store.get(uid)}")
+
+
+@asynccontextmanager
+async def fake_runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
+    wall = TrioWallClock(epoch=T0)
+    sock = tmp_path / "cri.sock"
+    async with serve_fake_runtime(sock, clock=wall.now) as fake, \
+            open_cri_client(f"unix://{sock}", timeout=5.0) as client:
+        fake.add_image(IMAGE)
+        yield Runtime(fake, client, wall, tmp_path / "logs")
+
+
+@asynccontextmanager
+async def agent(runtime: Runtime, sources: tuple[str, ...] = ("file",), *,
+                pleg: bool = False) -> AsyncIterator[Agent]:
+    store = PodStatusStore()
+    ctx = WorkerContext(client=runtime.client, images=ImageManager(runtime.client),
+                        store=store, clock=runtime.wall, pod_logs_dir=runtime.logs)
+    loop = SyncLoop(ctx, sources)
+    send, receive = trio.open_memory_channel[Event](math.inf)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(loop.run, receive)
+        if pleg:
+            nursery.start_soon(run_pleg, send.clone(), runtime.client)
+        yield Agent(loop, store, send)
+        nursery.cancel_scope.cancel()
+
+
+def make_pod(name: str, uid: str, *, command: str = "sleep 1d",
+             containers: list[dict[str, Any]] | None = None) -> Pod:
+    return Pod.model_validate({
+        "metadata": {"name": name, "namespace": "default", "uid": uid},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "containers": containers or [
+                {"name": "main", "image": IMAGE, "command": ["sh", "-c", command]}],
+        },
+    })
+
+
+def pod_set(source: str, *pods: Pod) -> PodSetUpdate:
+    return PodSetUpdate(source=source, pods=list(pods))
+
+
+def containers(fake: FakeRuntime, uid: str) -> list[v1.Container]:
+    listed = fake.list_containers(v1.ListContainersRequest()).containers
+    return sorted((c for c in listed if c.labels.get(labels.POD_UID) == uid),
+                  key=lambda c: c.created_at)
+
+
+def sandboxes(fake: FakeRuntime, uid: str) -> list[v1.PodSandbox]:
+    listed = fake.list_pod_sandbox(v1.ListPodSandboxRequest()).items
+    return [s for s in listed if s.labels.get(labels.POD_UID) == uid]
+
+
+def is_running(pod: Pod, restarts: int = 0) -> bool:
+    statuses = pod.status.container_statuses
+    return bool(statuses) and all(
+        s.state.running is not None and s.restart_count == restarts for s in statuses)
+
+
+def all_running(fake: FakeRuntime, uid: str) -> bool:
+    return bool(containers(fake, uid)) and all(
+        c.state == v1.ContainerState.CONTAINER_RUNNING for c in containers(fake, uid))
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    with trio.fail_after(timeout):  # virtual seconds
+        while not condition():
+            await trio.sleep(0.1)
+
+
+def syncs(fake: FakeRuntime) -> int:
+    """Every sync starts with one inspect, which lists the pod's sandboxes once."""
+    return int(fake.calls["ListPodSandbox"])
+
+
+# -- routing and coalescing --------------------------------------------------------------------
+
+
+async def test_many_wakeups_between_syncs_coalesce_into_one(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
+        await node.send.send(pod_set("file", make_pod("web", WEB)))
+        await node.wait_for(WEB, is_running)
+        await trio.sleep(1)
+        before = syncs(runtime.fake)
+
+        for _ in range(100):
+            node.loop.handle(ResyncTick())
+        await trio.sleep(1)
+        # The first wake-up hands over to the idle worker, the second one waits, the rest
+        # are absorbed: at most one sync running and one pending, as in the Go pod workers.
+        assert 1 <= syncs(runtime.fake) - before <= 2
+
+        # Through the channel while a (slow) sync runs: one more sync, not fifty.
+        runtime.fake.set_delay("ListPodSandbox", 1.0)
+        before = syncs(runtime.fake)
+        for _ in range(50):
+            await node.send.send(PodLifecycleEvent(pod_uid=WEB, type="ContainerStarted",
+                                                   container_id="x"))
+        await trio.sleep(10)
+        assert syncs(runtime.fake) - before == 2
+        assert runtime.fake.calls["RunPodSandbox"] == runtime.fake.calls["CreateContainer"] == 1
+
+
+async def test_a_wakeup_during_a_sync_is_not_lost(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
+        await node.send.send(pod_set("file", make_pod("web", WEB)))
+        await node.wait_for(WEB, is_running)
+        await trio.sleep(1)
+        runtime.fake.set_delay("ListPodSandbox", 2.0)  # each sync now takes over 2 s
+        before = syncs(runtime.fake)
+        node.loop.handle(ResyncTick())
+        await trio.sleep(1)  # mid-sync
+        for _ in range(10):
+            node.loop.handle(ResyncTick())
+        await trio.sleep(10)
+        assert syncs(runtime.fake) - before == 2
+
+
+async def test_resync_tick_syncs_every_pod_once(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
+        await node.send.send(pod_set("file", make_pod("web", WEB), make_pod("api", API)))
+        await node.wait_for(WEB, is_running)
+        await node.wait_for(API, is_running)
+        await trio.sleep(1)
+        before = syncs(runtime.fake)
+        await node.send.send(ResyncTick())
+        await trio.sleep(1)
+        assert syncs(runtime.fake) - before == 2
+
+
+async def test_lifecycle_event_wakes_only_its_pod(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
+        await node.send.send(pod_set("file", make_pod("web", WEB), make_pod("api", API)))
+        await node.wait_for(WEB, is_running)
+        await node.wait_for(API, is_running)
+        [api_main] = containers(runtime.fake, API)
+        [web_main] = containers(runtime.fake, WEB)
+        await trio.sleep(1)  # so the restarted instance is the newer one by creation time
+        runtime.fake.crash(api_main.id)
+        runtime.fake.crash(web_main.id)
+        await node.send.send(PodLifecycleEvent(pod_uid=API, type="ContainerDied",
+                                               container_id=api_main.id))
+        await node.wait_for(API, lambda p: is_running(p, restarts=1))
+        await trio.sleep(5)
+        assert len(containers(runtime.fake, WEB)) == 1, "nothing woke the other pod"
+
+
+async def test_relist_done_records_the_last_healthy_relist(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
+        assert node.loop.last_relist_ok is None
+        await trio.sleep(3)
+        await node.send.send(RelistDone(ok=True, duration=0.01))
+        await trio.sleep(1)
+        healthy_at = node.loop.last_relist_ok
+        assert healthy_at == trio.current_time() - 1
+        await node.send.send(RelistDone(ok=False, error="runtime down"))
+        await trio.sleep(1)
+        assert node.loop.last_relist_ok == healthy_at
+
+
+# -- desired state from the sources ------------------------------------------------------------
+
+
+async def test_removed_pod_is_stopped_removed_and_forgotten(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
+        web, api = make_pod("web", WEB), make_pod("api", API)
+        await node.send.send(pod_set("file", web, api))
+        await node.wait_for(WEB, is_running)
+        await node.wait_for(API, is_running)
+        log_dir = runtime.logs / f"default_web_{WEB}"
+        assert log_dir.is_dir()
+        [web_main] = containers(runtime.fake, WEB)
+
+        await node.send.send(pod_set("file", api))
+        await wait_until(lambda: node.store.get(WEB) is None)
+        await wait_until(lambda: WEB not in node.loop.workers)
+        assert containers(runtime.fake, WEB) == [] and sandboxes(runtime.fake, WEB) == []
+        assert not log_dir.exists()
+        assert runtime.fake.calls["StopContainer"] == 1
+        assert all_running(runtime.fake, API), "the other pod is untouched"
+
+        # A late PLEG report about the removed pod starts nothing.
+        await node.send.send(PodLifecycleEvent(pod_uid=WEB, type="ContainerDied",
+                                               container_id=web_main.id))
+        await trio.sleep(1)
+        assert set(node.loop.workers) == {API}
+
+
+async def test_a_removed_pod_can_come_back(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
+        web = make_pod("web", WEB)
+        await node.send.send(pod_set("file", web))
+        await node.wait_for(WEB, is_running)
+        await node.send.send(pod_set("file"))
+        await wait_until(lambda: not sandboxes(runtime.fake, WEB))
+        await node.send.send(pod_set("file", web))
+        await node.wait_for(WEB, is_running)
+        assert len(sandboxes(runtime.fake, WEB)) == 1
+        assert len(containers(runtime.fake, WEB)) == 1
+
+
+async def test_spec_edit_restarts_only_the_edited_container(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    def pod(helper_command: str) -> Pod:
+        return make_pod("web", WEB, containers=[
+            {"name": "main", "image": IMAGE, "command": ["sleep", "1d"]},
+            {"name": "helper", "image": IMAGE, "command": ["sh", "-c", helper_command]},
+        ])
+
+    async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
+        await node.send.send(pod_set("file", pod("sleep 1d")))
+        await node.wait_for(WEB, is_running)
+        by_name = {c.labels[labels.CONTAINER_NAME]: c for c in containers(runtime.fake, WEB)}
+        main, helper = by_name["main"], by_name["helper"]
+
+        await node.send.send(pod_set("file", pod("sleep 2d")))
+        await wait_until(lambda: len(containers(runtime.fake, WEB)) == 3)
+        await wait_until(lambda: len([c for c in containers(runtime.fake, WEB)
+                                      if c.state == v1.ContainerState.CONTAINER_RUNNING]) == 2)
+        by_id = {c.id: c for c in containers(runtime.fake, WEB)}
+        assert by_id[main.id].state == v1.ContainerState.CONTAINER_RUNNING
+        assert by_id[helper.id].state == v1.ContainerState.CONTAINER_EXITED
+        assert len(sandboxes(runtime.fake, WEB)) == 1
+
+
+async def test_pod_wanted_by_two_sources_stays_until_neither_wants_it(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime, agent(runtime, ("file", "http")) as node:
+        web = make_pod("web", WEB)
+        await node.send.send(pod_set("file", web))
+        await node.send.send(pod_set("http", web))
+        await node.wait_for(WEB, is_running)
+        assert set(node.loop.config.desired()) == {WEB}
+
+        await node.send.send(pod_set("file"))
+        await trio.sleep(5)
+        assert all_running(runtime.fake, WEB)
+        assert runtime.fake.calls["StopContainer"] == 0
+
+        await node.send.send(pod_set("http"))
+        await wait_until(lambda: not sandboxes(runtime.fake, WEB))
+        assert node.loop.config.desired() == {}
+
+
+# -- pods found on the runtime -----------------------------------------------------------------
+
+
+async def start_and_leave(runtime: Runtime, *pods: Pod) -> None:
+    """A previous run of the agent starts the pods, then stops (its pods keep running)."""
+    async with agent(runtime) as previous:
+        await previous.send.send(pod_set("file", *pods))
+        for pod in pods:
+            await previous.wait_for(pod.metadata.uid, is_running)
+
+
+async def report_running(node: Agent, fake: FakeRuntime, uid: str) -> None:
+    """What the first PLEG relist of a new agent reports about a running pod."""
+    for sandbox in sandboxes(fake, uid):
+        await node.send.send(PodLifecycleEvent(pod_uid=uid, type="ContainerStarted",
+                                               container_id=sandbox.id))
+    for container in containers(fake, uid):
+        await node.send.send(PodLifecycleEvent(pod_uid=uid, type="ContainerStarted",
+                                               container_id=container.id))
+
+
+async def test_orphan_is_torn_down_only_after_every_source_reported(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime:
+        await start_and_leave(runtime, make_pod("web", WEB))
+        runtime.fake.calls.clear()
+
+        async with agent(runtime, ("file", "api")) as node:
+            await report_running(node, runtime.fake, WEB)
+            await node.send.send(pod_set("file", make_pod("api", API)))
+            await node.wait_for(API, is_running)
+            await trio.sleep(10)
+            assert not node.loop.config.sources_ready
+            assert all_running(runtime.fake, WEB), "an unclaimed pod waits for every source"
+            assert WEB not in node.loop.workers
+            assert runtime.fake.calls["StopContainer"] == 0
+
+            await node.send.send(pod_set("api"))
+            await wait_until(lambda: not sandboxes(runtime.fake, WEB))
+            assert node.loop.config.sources_ready
+            assert containers(runtime.fake, WEB) == []
+            assert all_running(runtime.fake, API)
+            assert node.store.get(WEB) is None
+
+
+async def test_orphan_reported_after_the_sources_are_ready_is_torn_down(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime:
+        await start_and_leave(runtime, make_pod("web", WEB))
+        async with agent(runtime) as node:
+            await node.send.send(pod_set("file"))
+            await trio.sleep(1)
+            assert node.loop.config.sources_ready
+            await report_running(node, runtime.fake, WEB)
+            await wait_until(lambda: not sandboxes(runtime.fake, WEB))
+            assert containers(runtime.fake, WEB) == []
+
+
+async def test_pod_in_the_source_set_is_adopted_without_new_containers(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    web = make_pod("web", WEB)
+    async with fake_runtime(tmp_path) as runtime:
+        await start_and_leave(runtime, web)
+        [sandbox] = sandboxes(runtime.fake, WEB)
+        [main] = containers(runtime.fake, WEB)
+        runtime.fake.calls.clear()
+
+        async with agent(runtime, pleg=True) as node:
+            await trio.sleep(3)  # PLEG relists report the running pod before the source does
+            await node.send.send(pod_set("file", web))
+            adopted = await node.wait_for(WEB, is_running)
+            await trio.sleep(3)
+
+            assert adopted.status.phase == "Running"
+            assert adopted.status.container_statuses[0].container_id == f"containerd://{main.id}"
+            assert [s.id for s in sandboxes(runtime.fake, WEB)] == [sandbox.id]
+            assert [c.id for c in containers(runtime.fake, WEB)] == [main.id]
+            for call in ("RunPodSandbox", "CreateContainer", "StartContainer", "StopContainer",
+                         "StopPodSandbox", "RemoveContainer"):
+                assert runtime.fake.calls[call] == 0, call
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+
+async def test_runtime_outage_during_a_sync_is_retried_and_other_pods_keep_working(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
+        await node.send.send(pod_set("file", make_pod("web", WEB), make_pod("api", API)))
+        await node.wait_for(WEB, is_running)
+        await node.wait_for(API, is_running)
+        [web_main] = containers(runtime.fake, WEB)
+        [api_main] = containers(runtime.fake, API)
+
+        runtime.fake.set_unavailable(True)
+        outage = trio.current_time()
+        await node.send.send(ResyncTick())  # both syncs fail
+        await trio.sleep(1)
+        assert set(node.loop.workers) == {WEB, API}
+        assert all(is_running(pod) for pod in node.store.pods()), "status kept, not cleared"
+
+        runtime.fake.set_unavailable(False)
+        runtime.fake.crash(web_main.id)  # nobody reports this one: only the retry finds it
+        runtime.fake.crash(api_main.id)
+        await node.send.send(PodLifecycleEvent(pod_uid=API, type="ContainerDied",
+                                               container_id=api_main.id))
+        await node.wait_for(API, lambda p: is_running(p, restarts=1))
+        assert trio.current_time() - outage < 2, "the other pod's worker answers at once"
+
+        await node.wait_for(WEB, lambda p: is_running(p, restarts=1))
+        assert trio.current_time() - outage == pytest.approx(SYNC_ERROR_RETRY, abs=0.01)
+
+
+async def test_an_unexpected_error_in_one_pod_leaves_the_others_running(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = workers.compute_pod_actions
+    broken = {WEB}
+
+    def compute(pod: Pod, runtime: RuntimePodStatus, **kwargs: Any) -> PodActions:
+        if pod.metadata.uid in broken:
+            raise RuntimeError("bug in one pod's decision")
+        return real(pod, runtime, **kwargs)
+
+    monkeypatch.setattr(workers, "compute_pod_actions", compute)
+    async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
+        start = trio.current_time()
+        await node.send.send(pod_set("file", make_pod("web", WEB), make_pod("api", API)))
+        await node.wait_for(API, is_running)
+        assert sandboxes(runtime.fake, WEB) == []
+        assert set(node.loop.workers) == {WEB, API}
+
+        broken.clear()
+        await node.wait_for(WEB, is_running)  # retried on its own
+        assert trio.current_time() - start == pytest.approx(SYNC_ERROR_RETRY, abs=0.01)
+
+
+async def test_teardown_removes_the_log_directory_even_without_a_sandbox(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
+        runtime.fake.fail_sandbox("web", "failed to setup network for sandbox: cni not ready")
+        await node.send.send(pod_set("file", make_pod("web", WEB)))
+        await node.wait_for(WEB, lambda p: p.status.container_statuses[0].state.waiting
+                            is not None and p.status.container_statuses[0].state.waiting.reason
+                            == "CreatePodSandboxError")
+        log_dir = runtime.logs / f"default_web_{WEB}"
+        assert log_dir.is_dir()
+        await node.send.send(pod_set("file"))
+        await wait_until(lambda: node.store.get(WEB) is None)
+        assert not log_dir.exists()
