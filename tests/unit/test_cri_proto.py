@@ -1,4 +1,8 @@
-"""Our protos/runtime/v1/api.proto must agree with upstream CRI field for field."""
+"""Our protos/runtime/v1/api.proto must agree with upstream CRI field for field.
+
+So must the descriptors compiled into the upb-generated tree (runtime/cri_upb),
+and that tree and the betterproto2 one must read each other's bytes.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from google.protobuf import descriptor_pb2
+from google.protobuf import descriptor_pb2, descriptor_pool
 
 pytest.importorskip("cri_api.v1.api_pb2")
 pytest.importorskip("grpc_tools.protoc")
@@ -190,3 +194,75 @@ def test_comparison_catches_edits_to_the_proto_text(tmp_path: Path) -> None:
         (root / "runtime" / "v1").mkdir(parents=True)
         (root / API_PROTO).write_text(text.replace(old, new, 1))
         assert differences(compile_proto(root, root / "api.pb"), upstream()), new
+
+
+# -- the upb-generated tree (runtime/cri_upb) ---------------------------------------------------
+
+
+def upb_generated() -> descriptor_pb2.FileDescriptorProto:
+    from trio_kubelet.runtime.cri_upb.runtime.v1 import api_pb2
+
+    proto = descriptor_pb2.FileDescriptorProto()
+    api_pb2.DESCRIPTOR.CopyToProto(proto)
+    return proto
+
+
+def test_upb_generated_code_matches_upstream() -> None:
+    assert differences(upb_generated(), upstream()) == []
+
+
+def without_json_names(proto: descriptor_pb2.FileDescriptorProto
+                       ) -> descriptor_pb2.FileDescriptorProto:
+    """A copy without json_name, which protoc's Python output leaves out of its descriptors."""
+    copy = descriptor_pb2.FileDescriptorProto()
+    copy.CopyFrom(proto)
+    pending = list(copy.message_type)
+    while pending:
+        message = pending.pop()
+        for field in message.field:
+            field.ClearField("json_name")
+        pending.extend(message.nested_type)
+    return copy
+
+
+def test_upb_generated_code_is_compiled_from_our_proto(
+        ours: descriptor_pb2.FileDescriptorProto) -> None:
+    # Catches a proto edit without regenerating, even where upstream would not notice.
+    assert without_json_names(upb_generated()) == without_json_names(ours)
+
+
+def test_upb_messages_do_not_claim_the_default_pool() -> None:
+    # Upstream's compiled descriptors (imported above) register runtime.v1 in the default
+    # pool; ours must coexist with them and with any other copy of the CRI proto.
+    from cri_api.v1 import api_pb2 as theirs
+
+    from trio_kubelet.runtime.cri_upb.runtime.v1 import api_pb2
+
+    assert api_pb2.DESCRIPTOR.pool is not descriptor_pool.Default()
+    assert theirs.DESCRIPTOR.pool is descriptor_pool.Default()
+    assert api_pb2.Container.DESCRIPTOR.full_name == "runtime.v1.Container"
+
+
+def test_betterproto2_and_upb_read_each_others_bytes() -> None:
+    from trio_kubelet.runtime.cri.runtime import v1
+    from trio_kubelet.runtime.cri_upb.runtime.v1 import api_pb2
+
+    container = v1.Container(
+        id="c1", pod_sandbox_id="s1", metadata=v1.ContainerMetadata(name="app", attempt=2),
+        image=v1.ImageSpec(image="busybox"), image_ref="sha256:ab",
+        state=v1.ContainerState.CONTAINER_EXITED, created_at=1_700_000_000_123_456_789,
+        labels={"io.kubernetes.pod.uid": "u"}, annotations={"io.kubernetes.container.hash": "h"})
+    wire = bytes(v1.ListContainersResponse(containers=[container]))
+    (decoded,) = api_pb2.ListContainersResponse.FromString(wire).containers
+    assert (decoded.id, decoded.pod_sandbox_id, decoded.metadata.name, decoded.metadata.attempt,
+            decoded.image.image, decoded.image_ref, decoded.created_at) == (
+        "c1", "s1", "app", 2, "busybox", "sha256:ab", 1_700_000_000_123_456_789)
+    assert decoded.state == api_pb2.CONTAINER_EXITED == v1.ContainerState.CONTAINER_EXITED
+    assert dict(decoded.labels) == container.labels
+    assert dict(decoded.annotations) == container.annotations
+
+    request = api_pb2.ListContainersRequest()
+    request.filter.label_selector["io.kubernetes.pod.uid"] = "u"
+    parsed = v1.ListContainersRequest.parse(request.SerializeToString())
+    assert parsed.filter is not None
+    assert parsed.filter.label_selector == {"io.kubernetes.pod.uid": "u"}

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import trio
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message as ProtobufMessage
 from pydantic import BaseModel
 
 from trio_kubelet.replay.records import CRIRecord, Header, SnapshotRecord
@@ -44,8 +46,11 @@ def redact(value: Any) -> Any:
 def _message_json(message: Any) -> dict[str, Any] | None:
     if message is None:
         return None
-    to_dict = getattr(message, "to_dict", None)
-    data = to_dict() if to_dict is not None else {"value": repr(message)}
+    if isinstance(message, ProtobufMessage):  # the upb-decoded list replies of runtime/client.py
+        data = MessageToDict(message)
+    else:
+        to_dict = getattr(message, "to_dict", None)
+        data = to_dict() if to_dict is not None else {"value": repr(message)}
     redacted: dict[str, Any] = redact(data)
     return redacted
 

@@ -3,12 +3,16 @@
 This is the only module of the agent that knows about grpclib and trio-asyncio.
 Callers get betterproto2 messages (or plain values) back and `CRIError`
 subclasses on failure; deadlines, reconnects and recording hooks live here.
+
+The PLEG relist's two list calls have a second form, ``*_brief``, that decodes
+the reply into upb-backed protobuf messages (``cri_upb``) instead: same RPC,
+same channel and codec, ~200x cheaper to decode (docs/runtime.md).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -19,6 +23,7 @@ import trio
 import trio_asyncio
 
 from .cri.runtime import v1
+from .cri_upb.runtime.v1 import api_pb2 as upb
 from .errors import CRIDeadlineExceeded, CRIUnavailable, StatusCode, error_for
 
 __all__ = ["CRIClient", "Observer", "open_cri_client", "socket_path"]
@@ -49,6 +54,39 @@ async def _new_channel(path: str) -> grpclib.client.Channel:
     return grpclib.client.Channel(path=path)
 
 
+class _UpbRuntimeStub:
+    """The relist's list calls, their replies decoded into upb messages (``cri_upb``).
+
+    grpclib's default codec only needs ``SerializeToString``/``FromString``, which
+    betterproto2 and protobuf messages both have, so these share the betterproto2
+    stubs' channel and codec. Requests stay betterproto2 messages, as for every
+    other call (they are tiny, and observers see the same request types); only
+    the class the reply is decoded into differs.
+    """
+
+    __slots__ = ("list_containers", "list_pod_sandbox")
+
+    def __init__(self, channel: grpclib.client.Channel) -> None:
+        self.list_pod_sandbox = grpclib.client.UnaryUnaryMethod(
+            channel, "/runtime.v1.RuntimeService/ListPodSandbox",
+            v1.ListPodSandboxRequest, upb.ListPodSandboxResponse)
+        self.list_containers = grpclib.client.UnaryUnaryMethod(
+            channel, "/runtime.v1.RuntimeService/ListContainers",
+            v1.ListContainersRequest, upb.ListContainersResponse)
+
+
+class _Stubs:
+    """What one channel carries: betterproto2 stubs for both services, upb list calls."""
+
+    __slots__ = ("channel", "images", "runtime", "upb")
+
+    def __init__(self, channel: grpclib.client.Channel) -> None:
+        self.channel = channel
+        self.runtime = v1.RuntimeServiceStub(channel)
+        self.images = v1.ImageServiceStub(channel)
+        self.upb = _UpbRuntimeStub(channel)
+
+
 class CRIClient:
     """Typed RuntimeService + ImageService calls; get one from `open_cri_client`.
 
@@ -63,35 +101,28 @@ class CRIClient:
         self.path = path
         self.timeout = timeout
         self.observer = observer
-        self._channel: grpclib.client.Channel | None = None
-        self._runtime: v1.RuntimeServiceStub | None = None
-        self._images: v1.ImageServiceStub | None = None
+        self._stubs: _Stubs | None = None
         self._connect_lock = trio.Lock()
         self._closed = False
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    async def _stubs(self) -> tuple[grpclib.client.Channel, v1.RuntimeServiceStub,
-                                    v1.ImageServiceStub]:
-        if self._channel is None:
+    async def _connect(self) -> _Stubs:
+        if self._stubs is None:
             async with self._connect_lock:
-                if self._channel is None:
+                if self._stubs is None:
                     channel = await self._loop.run_aio_coroutine(_new_channel(self.path))
-                    self._runtime = v1.RuntimeServiceStub(channel)
-                    self._images = v1.ImageServiceStub(channel)
-                    self._channel = channel
-        assert self._runtime is not None and self._images is not None
-        return self._channel, self._runtime, self._images
+                    self._stubs = _Stubs(channel)
+        return self._stubs
 
     def _drop_channel(self, channel: grpclib.client.Channel) -> None:
         """Forget a broken channel so the next call dials the socket again."""
-        if self._channel is channel:
-            self._channel = self._runtime = self._images = None
+        if self._stubs is not None and self._stubs.channel is channel:
+            self._stubs = None
         channel.close()
 
     async def _call(self, method: str, request: Any,
-                    send: Callable[[v1.RuntimeServiceStub, v1.ImageServiceStub, float | None],
-                                   Coroutine[Any, Any, T]],
+                    send: Callable[[_Stubs, float | None], Coroutine[Any, Any, T]],
                     deadline: float | None) -> T:
         """Run one RPC in the asyncio loop, translating failures into CRIError."""
         start = trio.current_time()
@@ -99,8 +130,9 @@ class CRIClient:
         if self._closed:
             raise CRIUnavailable(method, StatusCode.UNAVAILABLE, "the CRI client is closed")
         try:
-            channel, runtime, images = await self._stubs()
-            response: T = await self._loop.run_aio_coroutine(send(runtime, images, deadline))
+            stubs = await self._connect()
+            channel = stubs.channel
+            response: T = await self._loop.run_aio_coroutine(send(stubs, deadline))
         except grpclib.GRPCError as exc:
             error = error_for(method, exc.status.value, exc.message or "")
             if isinstance(error, CRIUnavailable) and channel is not None:
@@ -132,22 +164,22 @@ class CRIClient:
     async def aclose(self) -> None:
         """Close the connection; later calls fail with CRIUnavailable."""
         self._closed = True
-        if self._channel is not None:
-            self._drop_channel(self._channel)
+        if self._stubs is not None:
+            self._drop_channel(self._stubs.channel)
 
     # -- RuntimeService: runtime ------------------------------------------------------------
 
     async def version(self, *, call_timeout: float | None = None) -> v1.VersionResponse:
         request = v1.VersionRequest(version="v1")
         return await self._call("Version", request,
-                                lambda r, _, t: r.version(request, timeout=t),
+                                lambda s, t: s.runtime.version(request, timeout=t),
                                 self._deadline(call_timeout))
 
     async def status(self, *, verbose: bool = False,
                      call_timeout: float | None = None) -> v1.StatusResponse:
         request = v1.StatusRequest(verbose=verbose)
         return await self._call("Status", request,
-                                lambda r, _, t: r.status(request, timeout=t),
+                                lambda s, t: s.runtime.status(request, timeout=t),
                                 self._deadline(call_timeout))
 
     async def update_runtime_config(self, *, pod_cidr: str,
@@ -155,14 +187,14 @@ class CRIClient:
         request = v1.UpdateRuntimeConfigRequest(
             runtime_config=v1.RuntimeConfig(network_config=v1.NetworkConfig(pod_cidr=pod_cidr)))
         await self._call("UpdateRuntimeConfig", request,
-                         lambda r, _, t: r.update_runtime_config(request, timeout=t),
+                         lambda s, t: s.runtime.update_runtime_config(request, timeout=t),
                          self._deadline(call_timeout))
 
     async def runtime_config(self, *,
                              call_timeout: float | None = None) -> v1.RuntimeConfigResponse:
         request = v1.RuntimeConfigRequest()
         return await self._call("RuntimeConfig", request,
-                                lambda r, _, t: r.runtime_config(request, timeout=t),
+                                lambda s, t: s.runtime.runtime_config(request, timeout=t),
                                 self._deadline(call_timeout))
 
     # -- RuntimeService: sandboxes ----------------------------------------------------------
@@ -172,20 +204,20 @@ class CRIClient:
         """Create and start a sandbox; returns its id."""
         request = v1.RunPodSandboxRequest(config=config, runtime_handler=runtime_handler)
         response = await self._call("RunPodSandbox", request,
-                                    lambda r, _, t: r.run_pod_sandbox(request, timeout=t),
+                                    lambda s, t: s.runtime.run_pod_sandbox(request, timeout=t),
                                     self._deadline(call_timeout))
         return response.pod_sandbox_id
 
     async def stop_pod_sandbox(self, id: str, *, call_timeout: float | None = None) -> None:
         request = v1.StopPodSandboxRequest(pod_sandbox_id=id)
         await self._call("StopPodSandbox", request,
-                         lambda r, _, t: r.stop_pod_sandbox(request, timeout=t),
+                         lambda s, t: s.runtime.stop_pod_sandbox(request, timeout=t),
                          self._deadline(call_timeout))
 
     async def remove_pod_sandbox(self, id: str, *, call_timeout: float | None = None) -> None:
         request = v1.RemovePodSandboxRequest(pod_sandbox_id=id)
         await self._call("RemovePodSandbox", request,
-                         lambda r, _, t: r.remove_pod_sandbox(request, timeout=t),
+                         lambda s, t: s.runtime.remove_pod_sandbox(request, timeout=t),
                          self._deadline(call_timeout))
 
     async def pod_sandbox_status(self, id: str, *, verbose: bool = False,
@@ -193,16 +225,30 @@ class CRIClient:
                                  ) -> v1.PodSandboxStatusResponse:
         request = v1.PodSandboxStatusRequest(pod_sandbox_id=id, verbose=verbose)
         return await self._call("PodSandboxStatus", request,
-                                lambda r, _, t: r.pod_sandbox_status(request, timeout=t),
+                                lambda s, t: s.runtime.pod_sandbox_status(request, timeout=t),
                                 self._deadline(call_timeout))
 
     async def list_pod_sandbox(self, filter: v1.PodSandboxFilter | None = None, *,
                                call_timeout: float | None = None) -> list[v1.PodSandbox]:
         request = v1.ListPodSandboxRequest(filter=filter)
         response = await self._call("ListPodSandbox", request,
-                                    lambda r, _, t: r.list_pod_sandbox(request, timeout=t),
+                                    lambda s, t: s.runtime.list_pod_sandbox(request, timeout=t),
                                     self._deadline(call_timeout))
         return response.items
+
+    async def list_pod_sandbox_brief(self, filter: v1.PodSandboxFilter | None = None, *,
+                                     call_timeout: float | None = None
+                                     ) -> Sequence[upb.PodSandbox]:
+        """`list_pod_sandbox` with the reply decoded by upb, ~200x faster than betterproto2.
+
+        For hot paths that read a few fields of many sandboxes (the PLEG relist).
+        """
+        request = v1.ListPodSandboxRequest(filter=filter)
+        response = await self._call("ListPodSandbox", request,
+                                    lambda s, t: s.upb.list_pod_sandbox(request, timeout=t),
+                                    self._deadline(call_timeout))
+        items: Sequence[upb.PodSandbox] = response.items  # a view into the reply, not a copy
+        return items
 
     # -- RuntimeService: containers ---------------------------------------------------------
 
@@ -213,14 +259,14 @@ class CRIClient:
         request = v1.CreateContainerRequest(pod_sandbox_id=pod_sandbox_id, config=config,
                                             sandbox_config=sandbox_config)
         response = await self._call("CreateContainer", request,
-                                    lambda r, _, t: r.create_container(request, timeout=t),
+                                    lambda s, t: s.runtime.create_container(request, timeout=t),
                                     self._deadline(call_timeout))
         return response.container_id
 
     async def start_container(self, id: str, *, call_timeout: float | None = None) -> None:
         request = v1.StartContainerRequest(container_id=id)
         await self._call("StartContainer", request,
-                         lambda r, _, t: r.start_container(request, timeout=t),
+                         lambda s, t: s.runtime.start_container(request, timeout=t),
                          self._deadline(call_timeout))
 
     async def stop_container(self, id: str, timeout: int, *,
@@ -228,28 +274,42 @@ class CRIClient:
         """Stop with a grace period of ``timeout`` seconds (the call may take that long)."""
         request = v1.StopContainerRequest(container_id=id, timeout=timeout)
         await self._call("StopContainer", request,
-                         lambda r, _, t: r.stop_container(request, timeout=t),
+                         lambda s, t: s.runtime.stop_container(request, timeout=t),
                          self._deadline(call_timeout, extra=max(timeout, 0)))
 
     async def remove_container(self, id: str, *, call_timeout: float | None = None) -> None:
         request = v1.RemoveContainerRequest(container_id=id)
         await self._call("RemoveContainer", request,
-                         lambda r, _, t: r.remove_container(request, timeout=t),
+                         lambda s, t: s.runtime.remove_container(request, timeout=t),
                          self._deadline(call_timeout))
 
     async def list_containers(self, filter: v1.ContainerFilter | None = None, *,
                               call_timeout: float | None = None) -> list[v1.Container]:
         request = v1.ListContainersRequest(filter=filter)
         response = await self._call("ListContainers", request,
-                                    lambda r, _, t: r.list_containers(request, timeout=t),
+                                    lambda s, t: s.runtime.list_containers(request, timeout=t),
                                     self._deadline(call_timeout))
         return response.containers
+
+    async def list_containers_brief(self, filter: v1.ContainerFilter | None = None, *,
+                                    call_timeout: float | None = None
+                                    ) -> Sequence[upb.Container]:
+        """`list_containers` with the reply decoded by upb, ~200x faster than betterproto2.
+
+        For hot paths that read a few fields of many containers (the PLEG relist).
+        """
+        request = v1.ListContainersRequest(filter=filter)
+        response = await self._call("ListContainers", request,
+                                    lambda s, t: s.upb.list_containers(request, timeout=t),
+                                    self._deadline(call_timeout))
+        containers: Sequence[upb.Container] = response.containers  # a view, not a copy
+        return containers
 
     async def container_status(self, id: str, *, verbose: bool = False,
                                call_timeout: float | None = None) -> v1.ContainerStatusResponse:
         request = v1.ContainerStatusRequest(container_id=id, verbose=verbose)
         return await self._call("ContainerStatus", request,
-                                lambda r, _, t: r.container_status(request, timeout=t),
+                                lambda s, t: s.runtime.container_status(request, timeout=t),
                                 self._deadline(call_timeout))
 
     async def update_container_resources(
@@ -260,13 +320,13 @@ class CRIClient:
         request = v1.UpdateContainerResourcesRequest(
             container_id=id, linux=linux, windows=windows, annotations=dict(annotations or {}))
         await self._call("UpdateContainerResources", request,
-                         lambda r, _, t: r.update_container_resources(request, timeout=t),
+                         lambda s, t: s.runtime.update_container_resources(request, timeout=t),
                          self._deadline(call_timeout))
 
     async def reopen_container_log(self, id: str, *, call_timeout: float | None = None) -> None:
         request = v1.ReopenContainerLogRequest(container_id=id)
         await self._call("ReopenContainerLog", request,
-                         lambda r, _, t: r.reopen_container_log(request, timeout=t),
+                         lambda s, t: s.runtime.reopen_container_log(request, timeout=t),
                          self._deadline(call_timeout))
 
     # -- RuntimeService: exec and streaming -------------------------------------------------
@@ -283,25 +343,26 @@ class CRIClient:
         if deadline is None and timeout > 0:
             deadline = self.timeout + timeout
         return await self._call("ExecSync", request,
-                                lambda r, _, t: r.exec_sync(request, timeout=t), deadline)
+                                lambda s, t: s.runtime.exec_sync(request, timeout=t), deadline)
 
     async def exec(self, request: v1.ExecRequest, *, call_timeout: float | None = None) -> str:
         """Prepare a streaming exec; returns the runtime's streaming URL."""
-        response = await self._call("Exec", request, lambda r, _, t: r.exec(request, timeout=t),
+        response = await self._call("Exec", request,
+                                    lambda s, t: s.runtime.exec(request, timeout=t),
                                     self._deadline(call_timeout))
         return response.url
 
     async def attach(self, request: v1.AttachRequest, *,
                      call_timeout: float | None = None) -> str:
         response = await self._call("Attach", request,
-                                    lambda r, _, t: r.attach(request, timeout=t),
+                                    lambda s, t: s.runtime.attach(request, timeout=t),
                                     self._deadline(call_timeout))
         return response.url
 
     async def port_forward(self, request: v1.PortForwardRequest, *,
                            call_timeout: float | None = None) -> str:
         response = await self._call("PortForward", request,
-                                    lambda r, _, t: r.port_forward(request, timeout=t),
+                                    lambda s, t: s.runtime.port_forward(request, timeout=t),
                                     self._deadline(call_timeout))
         return response.url
 
@@ -311,7 +372,7 @@ class CRIClient:
                               call_timeout: float | None = None) -> v1.ContainerStats | None:
         request = v1.ContainerStatsRequest(container_id=id)
         response = await self._call("ContainerStats", request,
-                                    lambda r, _, t: r.container_stats(request, timeout=t),
+                                    lambda s, t: s.runtime.container_stats(request, timeout=t),
                                     self._deadline(call_timeout))
         return response.stats
 
@@ -319,7 +380,7 @@ class CRIClient:
                                    call_timeout: float | None = None) -> list[v1.ContainerStats]:
         request = v1.ListContainerStatsRequest(filter=filter)
         response = await self._call("ListContainerStats", request,
-                                    lambda r, _, t: r.list_container_stats(request, timeout=t),
+                                    lambda s, t: s.runtime.list_container_stats(request, timeout=t),
                                     self._deadline(call_timeout))
         return response.stats
 
@@ -327,7 +388,7 @@ class CRIClient:
                                 call_timeout: float | None = None) -> v1.PodSandboxStats | None:
         request = v1.PodSandboxStatsRequest(pod_sandbox_id=id)
         response = await self._call("PodSandboxStats", request,
-                                    lambda r, _, t: r.pod_sandbox_stats(request, timeout=t),
+                                    lambda s, t: s.runtime.pod_sandbox_stats(request, timeout=t),
                                     self._deadline(call_timeout))
         return response.stats
 
@@ -335,9 +396,10 @@ class CRIClient:
                                      call_timeout: float | None = None
                                      ) -> list[v1.PodSandboxStats]:
         request = v1.ListPodSandboxStatsRequest(filter=filter)
-        response = await self._call("ListPodSandboxStats", request,
-                                    lambda r, _, t: r.list_pod_sandbox_stats(request, timeout=t),
-                                    self._deadline(call_timeout))
+        response = await self._call(
+            "ListPodSandboxStats", request,
+            lambda s, t: s.runtime.list_pod_sandbox_stats(request, timeout=t),
+            self._deadline(call_timeout))
         return response.stats
 
     # -- ImageService -----------------------------------------------------------------------
@@ -346,7 +408,7 @@ class CRIClient:
                           call_timeout: float | None = None) -> list[v1.Image]:
         request = v1.ListImagesRequest(filter=filter)
         response = await self._call("ListImages", request,
-                                    lambda _, i, t: i.list_images(request, timeout=t),
+                                    lambda s, t: s.images.list_images(request, timeout=t),
                                     self._deadline(call_timeout))
         return response.images
 
@@ -355,7 +417,7 @@ class CRIClient:
         """The image, or None when the runtime does not have it (an unset field, not an error)."""
         request = v1.ImageStatusRequest(image=v1.ImageSpec(image=ref), verbose=verbose)
         response = await self._call("ImageStatus", request,
-                                    lambda _, i, t: i.image_status(request, timeout=t),
+                                    lambda s, t: s.images.image_status(request, timeout=t),
                                     self._deadline(call_timeout))
         image = response.image
         return image if image is not None and image.id else None
@@ -371,21 +433,21 @@ class CRIClient:
         request = v1.PullImageRequest(image=v1.ImageSpec(image=ref), auth=auth,
                                       sandbox_config=sandbox_config)
         response = await self._call("PullImage", request,
-                                    lambda _, i, t: i.pull_image(request, timeout=t),
+                                    lambda s, t: s.images.pull_image(request, timeout=t),
                                     call_timeout)
         return response.image_ref
 
     async def remove_image(self, ref: str, *, call_timeout: float | None = None) -> None:
         request = v1.RemoveImageRequest(image=v1.ImageSpec(image=ref))
         await self._call("RemoveImage", request,
-                         lambda _, i, t: i.remove_image(request, timeout=t),
+                         lambda s, t: s.images.remove_image(request, timeout=t),
                          self._deadline(call_timeout))
 
     async def image_fs_info(self, *,
                             call_timeout: float | None = None) -> v1.ImageFsInfoResponse:
         request = v1.ImageFsInfoRequest()
         return await self._call("ImageFsInfo", request,
-                                lambda _, i, t: i.image_fs_info(request, timeout=t),
+                                lambda s, t: s.images.image_fs_info(request, timeout=t),
                                 self._deadline(call_timeout))
 
 
