@@ -70,6 +70,11 @@ async def _stop_on_signal(cancel_scope: trio.CancelScope) -> None:
             return
 
 
+def pod_sources(options: AgentOptions) -> list[str]:
+    """The pod sources this configuration enables (each must report before orphans go)."""
+    return ["file"] if options.config.static_pod_path else []
+
+
 def _start_recorder(
     options: AgentOptions, clock: TrioWallClock, loop: Callable[[], SyncLoop]
 ) -> Recorder | None:
@@ -81,6 +86,7 @@ def _start_recorder(
         node=options.node_name,
         start_time=clock.now(),
         config=options.config.to_wire(),
+        sources=pod_sources(options),
     )
     log.info("Recording to %s", options.record)
     # The snapshot is only needed at a rotation, by which time the loop exists.
@@ -143,8 +149,7 @@ async def run_agent(
                 runtime_name=runtime.split()[0],
                 recorder=recorder,
             )
-            sources = ["file"] if config.static_pod_path else []
-            loop = SyncLoop(ctx, sources)
+            loop = SyncLoop(ctx, pod_sources(options))
             loops.append(loop)
             send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
             async with trio.open_nursery() as nursery:

@@ -309,7 +309,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "--record-max-bytes",
         type=_byte_size,
         metavar="SIZE",
-        help="stop recording past this size (e.g. 500Mi)",
+        help="rotate the recording past this size (e.g. 500Mi; FILE.1 … FILE.5 are kept)",
     )
     parser.add_argument(
         "--show-pods",

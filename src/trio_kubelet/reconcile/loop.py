@@ -16,7 +16,7 @@ from trio_kubelet.events import Event, PodLifecycleEvent, PodSetUpdate, RelistDo
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.reconcile.podconfig import Change, PodConfig
 from trio_kubelet.reconcile.workers import PodWorker, WorkerContext
-from trio_kubelet.replay.records import EventRecord, SnapshotRecord
+from trio_kubelet.replay.records import EventRecord, InFlightSpec, SnapshotRecord
 
 log = logging.getLogger("trio_kubelet.sync")
 
@@ -85,6 +85,12 @@ class SyncLoop:
                 for source, pods in self.config.pod_sets().items()
             },
             spec_seqs={uid: worker.spec_seq for uid, worker in self.workers.items()},
+            in_flight=[
+                InFlightSpec(uid=uid, seq=seq, pod=pod.to_api())
+                for uid, worker in self.workers.items()
+                if worker.syncing is not None
+                for seq, pod in [worker.syncing]
+            ],
         )
 
     def _apply(self, changes: list[Change], seq: int) -> None:

@@ -86,6 +86,7 @@ class PodWorker:
         self.uid = uid
         self.pod: Pod | None = None  # the desired pod; None = tear down
         self.spec_seq = -1  # seq of the event that set ``pod`` (for recordings)
+        self.syncing: tuple[int, Pod] | None = None  # the spec version a running sync uses
         self._ctx = ctx
         self._wake_send, self._wake_recv = trio.open_memory_channel[None](1)
         self._backoff = Backoff()
@@ -130,8 +131,15 @@ class PodWorker:
 
     async def _sync(self, pod: Pod) -> float:
         """One SyncPod: compute actions, execute them, publish the status; return requeue time."""
-        ctx = self._ctx
         spec_seq = self.spec_seq
+        self.syncing = (spec_seq, pod)
+        try:
+            return await self._sync_spec(pod, spec_seq)
+        finally:
+            self.syncing = None
+
+    async def _sync_spec(self, pod: Pod, spec_seq: int) -> float:
+        ctx = self._ctx
         runtime = await inspect_pod(ctx.client, self.uid)
         t = trio.current_time()
         result = _SyncResult(now=ctx.clock.now())

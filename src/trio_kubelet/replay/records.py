@@ -31,6 +31,7 @@ class Header(_Record):
     node: str
     start_time: float  # epoch seconds at t == 0
     config: dict[str, Any]
+    sources: list[str] = Field(default_factory=list)
     rotated_from: str | None = None
 
 
@@ -96,15 +97,28 @@ class StatusRecord(_Record):
     status: dict[str, Any]
 
 
+class InFlightSpec(BaseModel):
+    """A pod spec version a running sync decided on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    uid: str
+    seq: int
+    pod: dict[str, Any]
+
+
 class SnapshotRecord(_Record):
     """The sources' pod sets when a rotated file starts, so the file replays on its own.
 
-    ``spec_seqs`` maps each pod UID to the seq of the event that set its spec.
+    ``spec_seqs`` maps each pod UID to the seq of the event that set its spec;
+    ``in_flight`` holds the spec versions of syncs still running at the rotation
+    (their decisions land in the new file but may use an older spec).
     """
 
     kind: Literal["snapshot"] = "snapshot"
     pod_sets: dict[str, list[dict[str, Any]]]
     spec_seqs: dict[str, int]
+    in_flight: list[InFlightSpec] = Field(default_factory=list)
 
 
 class TeardownRecord(_Record):

@@ -1,0 +1,470 @@
+"""replay.replayer and replay.cli: real recordings made in-process against the fake runtime.
+
+The agent runs under trio's MockClock with the fake runtime on the same wall clock,
+so a recording of a few virtual minutes (crash loops with growing back-off, a job
+that succeeds, one that fails, init containers and a sidecar) takes a few seconds.
+The recordings are made once per module and only read by the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+import trio_kubelet.agent
+from trio_kubelet.agent import run_agent
+from trio_kubelet.cli import main, parse_run_options
+from trio_kubelet.clock import TrioWallClock
+from trio_kubelet.core import actions as core_actions
+from trio_kubelet.core.observed import ContainerState, RuntimeContainer
+from trio_kubelet.model.pod import Container, Pod
+from trio_kubelet.replay.reader import read_recording
+from trio_kubelet.replay.records import DecisionRecord, Record
+from trio_kubelet.replay.replayer import ReplayResult, replay, replay_in_virtual_time
+from trio_kubelet.runtime.fake import ContainerScript, serve_fake_runtime
+
+NODE = "n1"
+T0 = 1_700_000_000.0
+RUN_FOR = 100.0  # virtual seconds: crash-loop restarts at about 0, 10, 30 and 70 s
+
+MANIFESTS = {
+    "crash.yaml": """
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: crash}
+        spec:
+          restartPolicy: Always
+          containers: [{name: app, image: busybox:1.36}]
+    """,
+    "onfail.yaml": """
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: onfail}
+        spec:
+          restartPolicy: OnFailure
+          containers: [{name: job, image: busybox:1.36}]
+    """,
+    "never.yaml": """
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: never}
+        spec:
+          restartPolicy: Never
+          containers: [{name: once, image: busybox:1.36}]
+    """,
+    "init.yaml": """
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: init}
+        spec:
+          initContainers:
+            - {name: init-1, image: busybox:1.36}
+            - {name: shipper, image: busybox:1.36, restartPolicy: Always}
+          containers: [{name: main, image: busybox:1.36}]
+    """,
+}
+SCRIPTS = {
+    ("crash", "app"): ContainerScript(exit_after=0.2, exit_code=1),
+    ("onfail", "job"): ContainerScript(exit_after=0.5, exit_code=0),
+    ("never", "once"): ContainerScript(exit_after=0.5, exit_code=1),
+    ("init", "init-1"): ContainerScript(exit_after=0.3, exit_code=0),
+}
+
+
+async def _record(workdir: Path, flags: Sequence[str]) -> None:
+    manifests = workdir / "manifests"
+    manifests.mkdir()
+    for name, text in MANIFESTS.items():
+        (manifests / name).write_text(textwrap.dedent(text))
+    sock = workdir / "cri.sock"
+    options = parse_run_options(
+        [
+            "--pod-manifest-path",
+            str(manifests),
+            "--container-runtime-endpoint",
+            f"unix://{sock}",
+            "--root-dir",
+            str(workdir / "root"),
+            "--pod-logs-dir",
+            str(workdir / "logs"),
+            "--hostname-override",
+            NODE,
+            *flags,
+        ]
+    )
+    wall = TrioWallClock(epoch=T0)
+    async with serve_fake_runtime(sock, clock=wall.now) as fake:
+        for (pod, container), script in SCRIPTS.items():
+            fake.script(f"{pod}-{NODE}", container, script)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_agent, options)
+            await trio.sleep(RUN_FOR)
+            nursery.cancel_scope.cancel()
+
+
+def make_recording(workdir: Path, *flags: str) -> None:
+    """Run the agent for RUN_FOR virtual seconds with the runtime on the agent's wall clock."""
+    wall = TrioWallClock
+    with pytest.MonkeyPatch.context() as patch:
+        # One epoch for the agent and the fake, so runtime timestamps and "now" agree.
+        patch.setattr(trio_kubelet.agent, "TrioWallClock", lambda: wall(epoch=T0))
+        trio.run(_record, workdir, flags, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+@dataclass(frozen=True)
+class Recordings:
+    plain: Path
+    rotated: Path
+
+
+@pytest.fixture(scope="module")
+def recordings(tmp_path_factory: pytest.TempPathFactory) -> Recordings:
+    plain_dir = tmp_path_factory.mktemp("plain")
+    make_recording(plain_dir, "--record", str(plain_dir / "rec.jsonl"))
+    rotated_dir = tmp_path_factory.mktemp("rotated")
+    make_recording(
+        rotated_dir, "--record", str(rotated_dir / "rec.jsonl"), "--record-max-bytes", "40Ki"
+    )
+    return Recordings(plain_dir / "rec.jsonl", rotated_dir / "rec.jsonl")
+
+
+def replay_file(path: Path, **kwargs: object) -> ReplayResult:
+    return replay(read_recording(path).records, **kwargs)  # type: ignore[arg-type]
+
+
+def decision_lines(path: Path) -> list[tuple[int, dict[str, object]]]:
+    found = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        data = json.loads(line)
+        if data["kind"] == "decision":
+            found.append((number, data))
+    return found
+
+
+def run_cli(*argv: str) -> int:
+    return main(["replay", *argv])
+
+
+# -- the real recording replays ---------------------------------------------------------------
+
+
+def test_a_real_recording_replays_without_divergence(recordings: Recordings) -> None:
+    result = replay_file(recordings.plain)
+
+    assert result.divergence is None, result.divergence and result.divergence.diff
+    pods = {entry.pod for entry in result.trace}
+    assert pods == {f"{name}-{NODE}_default" for name in ("crash", "onfail", "never", "init")}
+    summaries = [(entry.pod, entry.summary) for entry in result.trace]
+    assert ("init-n1_default", "create sandbox (attempt 0); start init-1") in summaries
+    assert ("init-n1_default", "start shipper") in summaries
+    assert ("init-n1_default", "start main") in summaries
+    assert ("onfail-n1_default", "kill pod") in summaries
+    assert ("never-n1_default", "kill pod") in summaries
+    gates = [gate for entry in result.trace for gate in entry.gates]
+    assert "app: back-off 10s, 9.0s left" in gates or any(
+        g.startswith("app: back-off 10s,") for g in gates
+    )
+    assert any(g.startswith("app: back-off 40s,") for g in gates), gates
+    assert result.gates > result.decisions / 4 > 0
+
+
+def test_replay_recomputes_with_the_current_rules(
+    recordings: Recordings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A changed rule in the core (OnFailure restarting a container that succeeded) diverges."""
+    original = core_actions._should_restart
+
+    def on_failure_like_always(
+        container: Container, pod: Pod, instance: RuntimeContainer | None
+    ) -> bool:
+        if (
+            pod.spec.restart_policy == "OnFailure"
+            and instance is not None
+            and instance.state is ContainerState.EXITED
+        ):
+            return True
+        return original(container, pod, instance)
+
+    monkeypatch.setattr(core_actions, "_should_restart", on_failure_like_always)
+    result = replay_file(recordings.plain)
+
+    divergence = result.divergence
+    assert divergence is not None
+    assert divergence.pod == "onfail-n1_default"
+    assert divergence.reason == "the replayed actions differ from the recorded ones"
+    assert divergence.expected["kill_pod"] is True and divergence.actual["kill_pod"] is False
+    assert '-  "containers_to_start": [],' in divergence.diff
+    assert '+    "start job: exited 0, policy OnFailure"' in divergence.diff
+    lines = dict(decision_lines(recordings.plain))
+    assert lines[divergence.line]["pod"] == "onfail-n1_default"
+    assert divergence.event_index > 0
+
+
+def test_a_tampered_action_diverges_at_its_line(recordings: Recordings, tmp_path: Path) -> None:
+    lines = recordings.plain.read_text().splitlines(keepends=True)
+    number, data = next(
+        (n, d)
+        for n, d in decision_lines(recordings.plain)
+        if d["pod"] == "crash-n1_default"
+        and d["actions"]["containers_to_start"]  # type: ignore[index]
+        and n > 20
+    )
+    data["actions"]["containers_to_start"] = []  # type: ignore[index]
+    lines[number - 1] = json.dumps(data) + "\n"
+    tampered = tmp_path / "tampered.jsonl"
+    tampered.write_text("".join(lines))
+
+    divergence = replay_file(tampered).divergence
+
+    assert divergence is not None
+    assert (divergence.line, divergence.pod) == (number, "crash-n1_default")
+    assert '-  "containers_to_start": [],' in divergence.diff
+    assert '+  "containers_to_start": [\n+    0\n+  ],' in divergence.diff
+
+
+def test_a_tampered_gate_diverges(recordings: Recordings, tmp_path: Path) -> None:
+    lines = recordings.plain.read_text().splitlines(keepends=True)
+    number, data = next(
+        (n, d)
+        for n, d in decision_lines(recordings.plain)
+        if any(not s["allowed"] for s in d["starts"])  # type: ignore[attr-defined]
+    )
+    data["starts"][0]["remaining"] += 0.5  # type: ignore[index]
+    lines[number - 1] = json.dumps(data) + "\n"
+    tampered = tmp_path / "tampered.jsonl"
+    tampered.write_text("".join(lines))
+
+    divergence = replay_file(tampered).divergence
+
+    assert divergence is not None and divergence.line == number
+    assert divergence.reason == "starts[0]: the replayed crash-loop gate of app differs"
+    assert divergence.expected["remaining"] == pytest.approx(divergence.actual["remaining"] + 0.5)
+
+
+def test_a_decision_whose_spec_is_missing_is_a_divergence(
+    recordings: Recordings, tmp_path: Path
+) -> None:
+    kept = [
+        line
+        for line in recordings.plain.read_text().splitlines(keepends=True)
+        if '"kind":"pod_set"' not in line
+    ]
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(kept))
+
+    result = replay_file(cut)
+
+    assert result.divergence is not None
+    assert "set by event seq 0 is not in the recording" in result.divergence.reason
+    assert result.trace[0].summary == "(pod spec unknown)"
+
+
+def test_each_rotated_file_replays_on_its_own(recordings: Recordings) -> None:
+    newest = recordings.rotated
+    older = sorted(newest.parent.glob("rec.jsonl.*"))
+    assert older, "the recording was not rotated; lower --record-max-bytes"
+    first = read_recording(newest).records
+    assert first[0].record.kind == "header" and first[1].record.kind == "snapshot"
+    for path in (newest, *older):
+        result = replay_file(path)
+        assert result.divergence is None, (path, result.divergence)
+    assert replay_file(newest).decisions > 0
+
+
+# -- filters and explain -----------------------------------------------------------------------
+
+
+def test_until_stops_at_a_virtual_time(recordings: Recordings) -> None:
+    full = replay_file(recordings.plain)
+    early = replay_file(recordings.plain, until=20.0)
+
+    assert 0 < early.decisions < full.decisions
+    assert all(entry.t <= 20.0 for entry in early.trace)
+    assert early.end <= 20.0 < full.end
+
+
+@pytest.mark.parametrize("name", ["crash", "crash-n1", "crash-n1_default", "default/crash"])
+def test_pod_keeps_only_that_pods_decisions(recordings: Recordings, name: str) -> None:
+    result = replay_file(recordings.plain, pod=name)
+
+    assert result.decisions > 0
+    assert {entry.pod for entry in result.trace} == {"crash-n1_default"}
+
+
+def test_explain_gives_the_inputs_and_the_reasons(recordings: Recordings) -> None:
+    result = replay_file(recordings.plain, pod="crash", explain=True)
+
+    restarts = [e for e in result.trace if any(r.startswith("restart app:") for r in e.reasons)]
+    assert restarts
+    reasons = [r for e in restarts for r in e.reasons]
+    assert "restart app: exited 1, policy Always, no back-off yet; next back-off 10s" in reasons
+    assert "restart app: exited 1, policy Always, back-off 10s elapsed; next back-off 20s" in (
+        reasons
+    )
+    assert "start app: exited 1, policy Always" in reasons  # recorded by the core
+    inputs = restarts[1].inputs
+    assert inputs[0] == "restartPolicy: Always"
+    assert "app: exited 1 (Error), restarts 1, finished 10.0s ago (1 older instance)" in inputs
+    waits = [r for e in result.trace for r in e.reasons if r.startswith("wait app:")]
+    assert waits and waits[0].startswith("wait app: exited 1, policy Always, back-off 10s, ")
+
+
+async def test_the_virtual_clock_follows_the_recording(
+    recordings: Recordings, autojump_clock: trio.testing.MockClock
+) -> None:
+    records = read_recording(recordings.plain).records
+    start = trio.current_time()
+
+    result = await replay_in_virtual_time(records, until=50.0)
+
+    assert trio.current_time() - start == pytest.approx(result.end)
+    assert 45.0 < result.end <= 50.0
+    assert result.divergence is None
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def test_check_passes_on_a_real_recording(
+    recordings: Recordings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_cli(str(recordings.plain), "--check") == 0
+
+    out = capsys.readouterr().out
+    result = replay_file(recordings.plain)
+    assert out.splitlines()[-1] == (
+        f"replay OK: {result.decisions} decisions, {result.gates} gates re-checked, no divergence"
+    )
+    assert "s  init-n1_default  create sandbox (attempt 0); start init-1\n" in out
+
+
+def test_check_fails_with_the_divergence(
+    recordings: Recordings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = recordings.plain.read_text().splitlines(keepends=True)
+    number, data = decision_lines(recordings.plain)[3]
+    data["actions"]["reasons"] = ["made up"]  # type: ignore[index]
+    lines[number - 1] = json.dumps(data) + "\n"
+    tampered = tmp_path / "tampered.jsonl"
+    tampered.write_text("".join(lines))
+
+    assert run_cli(str(tampered), "--check") == 1
+
+    out = capsys.readouterr().out
+    assert f"replay DIVERGED at line {number} (after " in out
+    assert f"pod {data['pod']}: the replayed actions differ" in out
+    assert '-    "made up"' in out
+    assert run_cli(str(tampered)) == 0  # without --check the trace is the product
+
+
+def test_explain_prints_inputs_under_each_decision(
+    recordings: Recordings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_cli(str(recordings.plain), "--pod", "crash", "--explain", "--until", "40s") == 0
+
+    out = capsys.readouterr().out.splitlines()
+    assert all("crash-n1_default" in line for line in out if not line.startswith("      "))
+    assert "              restartPolicy: Always" in out
+    assert any(line.startswith("              why: restart app: exited 1") for line in out)
+
+
+def test_a_bad_recording_is_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"kind": "decision"}\n')
+
+    assert run_cli(str(bad), "--check") == 2
+
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"trio-kubelet: error: {bad}:1: a recording starts with a header, "
+        'but this line is a "decision" record\n'
+    )
+    assert run_cli(str(tmp_path / "absent.jsonl")) == 2
+    assert "absent.jsonl: No such file or directory" in capsys.readouterr().err
+
+
+def test_a_malformed_decision_input_is_an_error_naming_its_line(
+    recordings: Recordings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = recordings.plain.read_text().splitlines(keepends=True)
+    number, data = decision_lines(recordings.plain)[2]
+    del data["observed"]["sandboxes"]  # type: ignore[attr-defined]
+    lines[number - 1] = json.dumps(data) + "\n"
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("".join(lines))
+
+    assert run_cli(str(broken), "--check") == 2
+
+    assert capsys.readouterr().err == (
+        f'trio-kubelet: error: {broken}:{number}: observed: "sandboxes" is missing\n'
+    )
+
+
+def test_a_cut_off_recording_replays_with_a_warning(
+    recordings: Recordings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = recordings.plain.read_text()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(text[: len(text) // 2].rsplit("\n", 1)[0] + "\n" + '{"t": 12.5, "kind": "dec')
+
+    assert run_cli(str(cut), "--check") == 0
+
+    captured = capsys.readouterr()
+    assert "trio-kubelet: warning: " in captured.err and "the last line is cut off" in captured.err
+    assert "replay OK: " in captured.out
+
+
+def test_timeline_is_rendered_by_the_timeline_module(
+    recordings: Recordings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rendered: list[tuple[int, Path]] = []
+
+    def render_timeline(records: Sequence[Record], out: Path) -> None:
+        assert records[0].kind == "header"
+        out.write_text("<html></html>")
+        rendered.append((len(records), out))
+
+    module = types.ModuleType("trio_kubelet.replay.timeline")
+    module.render_timeline = render_timeline  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "trio_kubelet.replay.timeline", module)
+    out = tmp_path / "timeline.html"
+
+    assert run_cli(str(recordings.plain), "--timeline", str(out)) == 0
+
+    total = len(recordings.plain.read_text().splitlines())
+    assert rendered == [(total, out)]
+    assert capsys.readouterr().out.endswith(f"timeline written to {out}\n")
+    assert run_cli(str(recordings.plain), "--timeline", str(tmp_path / "no" / "t.html")) == 2
+    assert "trio-kubelet: error: cannot write the timeline to " in capsys.readouterr().err
+
+
+def test_timeline_without_the_timeline_module_is_an_error(
+    recordings: Recordings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "trio_kubelet.replay.timeline", None)
+
+    assert run_cli(str(recordings.plain), "--timeline", "out.html") == 2
+
+    assert "--timeline is not available" in capsys.readouterr().err
+
+
+def test_decision_records_carry_what_the_replay_needs(recordings: Recordings) -> None:
+    """Guards the recorder side of the contract the replayer relies on."""
+    records = [r.record for r in read_recording(recordings.plain).records]
+    decisions = [r for r in records if isinstance(r, DecisionRecord)]
+    assert decisions and all(d.spec_seq >= 0 for d in decisions)
+    assert any(s.prior_delay is not None for d in decisions for s in d.starts)
