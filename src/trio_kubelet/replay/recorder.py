@@ -153,12 +153,12 @@ class Recorder:
     def _rotate(self) -> None:
         assert self._file is not None
         self._file.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.with_name(f"{self.path.name}.{self._keep}").unlink()
         for index in range(self._keep - 1, 0, -1):
             older = self.path.with_name(f"{self.path.name}.{index}")
             if older.exists():
                 older.rename(self.path.with_name(f"{self.path.name}.{index + 1}"))
-        with contextlib.suppress(FileNotFoundError):
-            self.path.with_name(f"{self.path.name}.{self._keep}").unlink()
         rotated = self.path.with_name(f"{self.path.name}.1")
         self.path.rename(rotated)
         t = trio.current_time()
