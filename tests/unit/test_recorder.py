@@ -1,4 +1,4 @@
-"""The recorder: lazy serialisation, credential redaction, rotation, a readable prefix after a crash."""
+"""The recorder: lazy serialisation, redaction, rotation, a readable prefix after a crash."""
 
 from __future__ import annotations
 
