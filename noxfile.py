@@ -69,3 +69,13 @@ def e2e(session: nox.Session) -> None:
         session.log("no e2e tests in tests/e2e yet")
         return
     session.run(PYTHON, "-m", "pytest", "-q", "tests/e2e", *session.posargs)
+
+
+@nox.session
+def scenarios(session: nox.Session) -> None:
+    """Re-record scenarios/ on a private containerd (root), then replay them all.
+
+    `nox -s scenarios -- crash-loop-backoff oom-kill` re-records only those.
+    """
+    session.run(PYTHON, "scripts/record_scenarios.py", *session.posargs)
+    session.run(PYTHON, "-m", "pytest", "-q", "tests/scenarios")

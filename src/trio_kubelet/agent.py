@@ -149,7 +149,7 @@ async def run_agent(
                 runtime_name=runtime.split()[0],
                 recorder=recorder,
             )
-            loop = SyncLoop(ctx, pod_sources(options))
+            loop = SyncLoop(ctx, pod_sources(options), sync_frequency=config.sync_frequency)
             loops.append(loop)
             send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
             async with trio.open_nursery() as nursery:

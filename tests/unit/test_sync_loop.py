@@ -90,7 +90,9 @@ async def agent(runtime: Runtime, sources: tuple[str, ...] = ("file",), *,
     store = PodStatusStore()
     ctx = WorkerContext(client=runtime.client, images=ImageManager(runtime.client),
                         store=store, clock=runtime.wall, pod_logs_dir=runtime.logs)
-    loop = SyncLoop(ctx, sources)
+    # No resync spreading here: a ResyncTick wakes every worker at once, which the
+    # coalescing tests rely on (spreading has its own test below).
+    loop = SyncLoop(ctx, sources, sync_frequency=0.0)
     send, receive = trio.open_memory_channel[Event](math.inf)
     async with trio.open_nursery() as nursery:
         await nursery.start(loop.run, receive)
@@ -489,3 +491,27 @@ async def test_teardown_removes_the_log_directory_even_without_a_sandbox(
         await node.send.send(pod_set("file"))
         await wait_until(lambda: node.store.get(WEB) is None)
         assert not log_dir.exists()
+
+
+async def test_resync_is_spread_over_the_period_deterministically(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
+        await node.send.send(pod_set("file", make_pod("web", WEB), make_pod("api", API)))
+        await node.wait_for(WEB, is_running)
+        await node.wait_for(API, is_running)
+        node.loop._sync_frequency = 60.0
+        woken: dict[str, float] = {}
+        for uid, worker in node.loop.workers.items():
+            original = worker.wake_at
+            def spy(when: float, uid: str = uid, original=original) -> None:
+                woken[uid] = when - trio.current_time()
+                original(when)
+            worker.wake_at = spy  # type: ignore[method-assign]
+        node.loop.handle(ResyncTick())
+        assert set(woken) == {WEB, API}
+        assert all(0 <= delay < 60 for delay in woken.values())
+        assert woken[WEB] != woken[API]
+        first = dict(woken)
+        node.loop.handle(ResyncTick())
+        assert woken == first  # by UID: the same spread every time (and in a replay)

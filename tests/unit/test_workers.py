@@ -133,6 +133,11 @@ def waiting_reason(pod: Pod, name: str = "main") -> str | None:
     return waiting.reason if waiting is not None else None
 
 
+def reported(pod: Pod) -> bool:
+    """A waiting reason from a sync's outcome (not the first ContainerCreating)."""
+    return waiting_reason(pod) not in (None, "ContainerCreating")
+
+
 def waiting_message(pod: Pod, name: str = "main") -> str:
     waiting = status(pod, name).state.waiting
     assert waiting is not None and waiting.message is not None, status(pod, name)
@@ -237,7 +242,7 @@ async def test_second_exit_is_crash_loop_back_off_then_restarts_after_the_delay(
 
         await trio.sleep(2)  # the restarted instance exited at 3 s
         await node.report(UID)
-        backing_off = await node.wait_for(UID, lambda p: waiting_reason(p) is not None)
+        backing_off = await node.wait_for(UID, reported)
         main = status(backing_off)
         assert main.state.waiting is not None
         assert main.state.waiting.reason == "CrashLoopBackOff"
@@ -273,8 +278,11 @@ async def test_never_pod_finishes_and_its_sandbox_is_stopped(
         terminated = status(done).state.terminated
         assert terminated is not None and terminated.exit_code == exit_code
 
-        [sandbox] = sandboxes(node.fake, UID)
-        assert sandbox.state == v1.PodSandboxState.SANDBOX_NOTREADY
+        # The status is published before the sync acts (as in Go); the stop follows.
+        with trio.fail_after(5):
+            while sandboxes(node.fake, UID)[0].state != v1.PodSandboxState.SANDBOX_NOTREADY:
+                await trio.sleep(0.1)
+        assert len(sandboxes(node.fake, UID)) == 1
         # Later wake-ups start nothing again: no new sandbox, no new container.
         await node.send.send(ResyncTick())
         await node.report(UID)
@@ -296,7 +304,7 @@ async def test_missing_image_with_never_is_err_image_never_pull_until_it_appears
     async with fake_node(tmp_path) as node:
         start = trio.current_time()
         await node.run_pods(pod)
-        failed = await node.wait_for(UID, lambda p: waiting_reason(p) is not None)
+        failed = await node.wait_for(UID, reported)
         assert waiting_reason(failed) == "ErrImageNeverPull"
         assert waiting_message(failed) == (
             f'Container image "{image}" is not present with pull policy of Never')
@@ -318,12 +326,12 @@ async def test_pull_failure_is_err_image_pull_then_image_pull_back_off(
     async with fake_node(tmp_path) as node:
         node.fake.set_pullable(image, False)
         await node.run_pods(pod)
-        failed = await node.wait_for(UID, lambda p: waiting_reason(p) is not None)
+        failed = await node.wait_for(UID, reported)
         assert waiting_reason(failed) == "ErrImagePull"
         assert waiting_message(failed).startswith(f'Failed to pull image "{image}": ')
 
         await trio.sleep(1)
-        await node.send.send(ResyncTick())
+        node.loop.workers[UID].wake()  # a sync inside the backoff window
         backing_off = await node.wait_for(UID, lambda p: waiting_reason(p) == "ImagePullBackOff")
         assert waiting_message(backing_off) == f'Back-off pulling image "{image}"'
         assert node.fake.calls["PullImage"] == 1
@@ -339,7 +347,7 @@ async def test_create_failure_is_create_container_error(
     async with fake_node(tmp_path) as node:
         node.fake.script("web", "main", ContainerScript(fail_create="mount /data: no such file"))
         await node.run_pods(make_pod())
-        failed = await node.wait_for(UID, lambda p: waiting_reason(p) is not None)
+        failed = await node.wait_for(UID, reported)
         assert waiting_reason(failed) == "CreateContainerError"
         assert waiting_message(failed) == "mount /data: no such file"
         assert containers(node.fake, UID) == []
@@ -357,7 +365,7 @@ async def test_start_failure_is_run_container_error(
         node.fake.script("web", "main",
                          ContainerScript(fail_start='exec: "serve": executable file not found'))
         await node.run_pods(make_pod())
-        failed = await node.wait_for(UID, lambda p: waiting_reason(p) is not None)
+        failed = await node.wait_for(UID, reported)
         main = status(failed)
         assert waiting_reason(failed) == "RunContainerError"
         assert 'exec: "serve": executable file not found' in waiting_message(failed)
@@ -374,7 +382,7 @@ async def test_sandbox_failure_is_reported_on_every_container(
     async with fake_node(tmp_path) as node:
         node.fake.fail_sandbox("web", "failed to setup network for sandbox: cni not ready")
         await node.run_pods(make_pod())
-        failed = await node.wait_for(UID, lambda p: waiting_reason(p) is not None)
+        failed = await node.wait_for(UID, reported)
         assert waiting_reason(failed) == "CreatePodSandboxError"
         assert "cni not ready" in waiting_message(failed)
 
@@ -396,6 +404,6 @@ async def test_pull_backoff_of_one_pod_does_not_hold_back_another(
         await node.wait_for(UID, lambda p: waiting_reason(p) == "ErrImagePull")
         await trio.sleep(1)
         await node.run_pods(first, second)
-        failed = await node.wait_for(other_uid, lambda p: waiting_reason(p) is not None)
+        failed = await node.wait_for(other_uid, reported)
         assert waiting_reason(failed) == "ErrImagePull"
         assert node.fake.calls["PullImage"] == 2

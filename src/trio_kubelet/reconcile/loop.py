@@ -8,6 +8,7 @@ the runtime holds that no source wants.
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Iterable
 
 import trio
@@ -22,8 +23,12 @@ log = logging.getLogger("trio_kubelet.sync")
 
 
 class SyncLoop:
-    def __init__(self, ctx: WorkerContext, sources: Iterable[str]) -> None:
+    def __init__(
+        self, ctx: WorkerContext, sources: Iterable[str], *, sync_frequency: float = 60.0
+    ) -> None:
         self._ctx = ctx
+        self._sync_frequency = sync_frequency
+        self._relist_failing = False
         self.config = PodConfig(sources)
         self.workers: dict[str, PodWorker] = {}
         # Pods whose teardown finished: late PLEG events about them are expected.
@@ -64,9 +69,22 @@ class SyncLoop:
         elif isinstance(event, PodLifecycleEvent):
             self._on_lifecycle(event)
         elif isinstance(event, RelistDone):
-            if event.ok:
-                self.last_relist_ok = trio.current_time()
+            self._on_relist(event)
         elif isinstance(event, ResyncTick):
+            # Spread over the period (deterministically by UID, so replays match),
+            # not all pods at once: a burst of 110 syncs starves the relist.
+            now = trio.current_time()
+            for uid, worker in self.workers.items():
+                worker.wake_at(now + self._sync_frequency * (zlib.crc32(uid.encode()) / 2**32))
+
+    def _on_relist(self, event: RelistDone) -> None:
+        if not event.ok:
+            self._relist_failing = True
+            return
+        self.last_relist_ok = trio.current_time()
+        if self._relist_failing:
+            # The runtime is back: retry pods whose sync failed now, not after their retry delay.
+            self._relist_failing = False
             for worker in self.workers.values():
                 worker.wake()
 

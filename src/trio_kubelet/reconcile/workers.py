@@ -87,6 +87,9 @@ class PodWorker:
         self.pod: Pod | None = None  # the desired pod; None = tear down
         self.spec_seq = -1  # seq of the event that set ``pod`` (for recordings)
         self.syncing: tuple[int, Pod] | None = None  # the spec version a running sync uses
+        self._requeue_at = math.inf
+        self._waiting: trio.CancelScope | None = None
+        self._errors: dict[str, tuple[str, str]] = {}  # the last sync's, until the next one
         self._ctx = ctx
         self._wake_send, self._wake_recv = trio.open_memory_channel[None](1)
         self._backoff = Backoff()
@@ -97,21 +100,28 @@ class PodWorker:
         with contextlib.suppress(trio.WouldBlock):
             self._wake_send.send_nowait(None)
 
+    def wake_at(self, when: float) -> None:
+        """Ask for a sync no later than ``when`` (trio time), e.g. a spread-out resync."""
+        self._requeue_at = min(self._requeue_at, when)
+        if self._waiting is not None:
+            self._waiting.deadline = self._requeue_at
+
     async def run(self) -> None:
         """Sync on every wake-up (or when a backoff expires) until the pod is torn down."""
-        requeue_at = math.inf
         while True:
-            with trio.move_on_at(requeue_at):
+            with trio.move_on_at(self._requeue_at) as self._waiting:
                 await self._wake_recv.receive()
+            self._waiting = None
+            self._requeue_at = math.inf
             pod = self.pod
             try:
                 if pod is None:
                     await self._terminate()
                     if self.pod is None:
                         return
-                    requeue_at = trio.current_time()
+                    next_sync = trio.current_time()
                 else:
-                    requeue_at = await self._sync(pod)
+                    next_sync = await self._sync(pod)
             except CRIError as err:
                 log.warning(
                     "Error syncing pod %s (%s), retrying in %.0fs: %s",
@@ -120,12 +130,16 @@ class PodWorker:
                     SYNC_ERROR_RETRY,
                     err,
                 )
-                requeue_at = trio.current_time() + SYNC_ERROR_RETRY
+                if pod is not None and self._status is None:
+                    # Never synced: still show the pod (Pending, ContainerCreating).
+                    self._publish(pod, RuntimePodStatus(uid=self.uid), self._ctx.clock.now(), {})
+                next_sync = trio.current_time() + SYNC_ERROR_RETRY
             except Exception:  # a bug in one pod's sync must not take down the others
                 log.exception(
                     "Unexpected error syncing pod %s (%s)", _pod_name(pod, self.uid), self.uid
                 )
-                requeue_at = trio.current_time() + SYNC_ERROR_RETRY
+                next_sync = trio.current_time() + SYNC_ERROR_RETRY
+            self._requeue_at = min(self._requeue_at, next_sync)
 
     # -- sync --------------------------------------------------------------------------------
 
@@ -143,13 +157,17 @@ class PodWorker:
         runtime = await inspect_pod(ctx.client, self.uid)
         t = trio.current_time()
         result = _SyncResult(now=ctx.clock.now())
+        # As the Go kubelet: publish what is observed before acting, so a long kill
+        # (grace periods) does not hide that a container already exited.
+        self._publish(pod, runtime, result.now, self._errors)
         actions = compute_pod_actions(pod, runtime)
         changed = await self._execute(pod, runtime, actions, result)
         if ctx.recorder is not None:
             self._record_decision(ctx.recorder, t, pod, spec_seq, runtime, actions, result)
+        self._errors = result.errors
         if changed:
             runtime = await inspect_pod(ctx.client, self.uid)
-        self._publish(pod, runtime, result.now, result.errors)
+        self._publish(pod, runtime, ctx.clock.now(), result.errors)
         return result.requeue_at
 
     def _record_decision(
@@ -179,7 +197,7 @@ class PodWorker:
     async def _execute(
         self, pod: Pod, runtime: RuntimePodStatus, actions: PodActions, result: _SyncResult
     ) -> bool:
-        if actions.kill_pod:
+        if actions.kill_pod and runtime.sandboxes:
             log.info(
                 "Killing pod %s (%s): %s",
                 pod.full_name,
