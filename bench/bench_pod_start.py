@@ -378,7 +378,8 @@ async def _wait_for(predicate: Any, store: PodStatusStore, timeout: float, what:
 
 
 async def run_bench(pods: int, warmup: int, workdir: Path, endpoint: str, probe: Probe,
-                    agent_log: Path) -> tuple[list[PodSample], dict[str, Any]]:
+                    agent_log: Path, record: bool = False
+                    ) -> tuple[list[PodSample], dict[str, Any]]:
     manifests = workdir / "manifests"
     manifests.mkdir()
     config = workdir / "kubelet.yaml"
@@ -390,6 +391,7 @@ async def run_bench(pods: int, warmup: int, workdir: Path, endpoint: str, probe:
         "--config", str(config), "--pod-manifest-path", str(manifests),
         "--container-runtime-endpoint", endpoint, "--root-dir", str(workdir / "root"),
         "--hostname-override", NODE, "--node-ip", "127.0.0.1",
+        *(["--record", str(workdir / "recording.jsonl")] if record else []),
     ])
     # The agent logs at INFO as under the CLI (klog lines), to a file instead of stderr.
     handler = logging.FileHandler(agent_log)
@@ -624,6 +626,8 @@ def main() -> None:
                         help="sample the agent inside the [t0, t1] windows (slows it down)")
     parser.add_argument("--profile-out", type=Path, help="write the full profile here")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    parser.add_argument("--record", action="store_true",
+                        help="run the agent with --record (to measure the recorder's overhead)")
     args = parser.parse_args()
 
     skip = unavailable_reason()
@@ -645,7 +649,7 @@ def main() -> None:
     with private_containerd() as ctrd:
         samples, extra = trio.run(run_bench, args.pods, args.warmup, workdir,
                                   f"unix://{ctrd / 'containerd.sock'}", probe,
-                                  workdir / "agent.log")
+                                  workdir / "agent.log", args.record)
         add_server_times(samples, probe, ctrd / "containerd.log")
     result: dict[str, Any] = {
         "bench": "pod_start",
@@ -656,6 +660,7 @@ def main() -> None:
         "target": {"overhead_p50_ms": TARGET_P50_MS, "overhead_p99_ms": TARGET_P99_MS},
         **extra,
         "profiled": args.profile,
+        "recording": args.record,
         "method": ("t0 = start of the static source rescan that delivered the pod (its 1 s "
                    "polling wait excluded); t1 = running status published; cri = observer "
                    "durations of the pod's own calls in [t0,t1]; overhead = t1-t0-cri; "
