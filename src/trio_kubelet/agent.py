@@ -17,13 +17,22 @@ from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.config import AgentOptions
 from trio_kubelet.events import Event, ResyncTick
 from trio_kubelet.images.manager import ImageManager
+from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import WorkerContext
 from trio_kubelet.replay.recorder import Recorder
 from trio_kubelet.replay.records import Header
 from trio_kubelet.runtime.client import CRIClient, Observer, open_cri_client
 from trio_kubelet.runtime.errors import CRIError
+from trio_kubelet.server.routes_logs import logs_blueprint
+from trio_kubelet.server.routes_node import node_blueprints
+from trio_kubelet.server.routes_stats import stats_blueprint
+from trio_kubelet.server.routes_streaming import streaming_blueprint
+from trio_kubelet.server.serve import ServerAddresses, run_servers
+from trio_kubelet.server.view import NodeView
+from trio_kubelet.sources.oom import OOMWatcher
 from trio_kubelet.sources.pleg import run_pleg
+from trio_kubelet.sources.sampler import Sampler
 from trio_kubelet.sources.static_files import run_static_files
 from trio_kubelet.status.store import PodStatusStore
 from trio_kubelet.watch import print_pod_changes
@@ -34,6 +43,9 @@ log = logging.getLogger("trio_kubelet.agent")
 # backpressure to the sources instead of dropping events.
 EVENT_CHANNEL_SIZE = 1000
 RUNTIME_RETRY_MAX = 30.0
+# How often the sampler reads cgroups (cAdvisor's housekeeping; the sampler's figures
+# feed /stats/summary and /metrics/cadvisor).
+HOUSEKEEPING_INTERVAL = 10.0
 
 
 async def wait_for_runtime(client: CRIClient, endpoint: str) -> str:
@@ -110,6 +122,20 @@ def _observers(*observers: Observer | None) -> Observer | None:
     return observe
 
 
+async def _serve(
+    view: NodeView,
+    metrics: AgentMetrics,
+    *,
+    task_status: trio.TaskStatus[ServerAddresses] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The kubelet API (10250), read-only (10255, if on) and healthz (10248) servers."""
+    node = node_blueprints(view, metrics)
+    stats = stats_blueprint(view)
+    full = [*node.full, stats, logs_blueprint(view), streaming_blueprint(view)]
+    read_only = [*node.read_only, stats]
+    await run_servers(view, full, read_only, metrics=metrics, task_status=task_status)
+
+
 async def run_agent(
     options: AgentOptions,
     *,
@@ -127,13 +153,16 @@ async def run_agent(
     log.info("trio-kubelet %s starting on node %s", __version__, options.node_name)
     store = store if store is not None else PodStatusStore()
     clock = TrioWallClock()
+    metrics = AgentMetrics(options.node_name)
     loops: list[SyncLoop] = []
     recorder = _start_recorder(options, clock, lambda: loops[0])
     async with trio.open_nursery() as top:
         top.start_soon(_stop_on_signal, top.cancel_scope)
         if recorder is not None:
             await top.start(recorder.run)
-        observer = _observers(cri_observer, recorder.cri_observer if recorder else None)
+        observer = _observers(
+            cri_observer, metrics.cri_observer, recorder.cri_observer if recorder else None
+        )
         async with open_cri_client(
             endpoint, timeout=config.runtime_request_timeout, observer=observer
         ) as client:
@@ -151,6 +180,12 @@ async def run_agent(
             )
             loop = SyncLoop(ctx, pod_sources(options), sync_frequency=config.sync_frequency)
             loops.append(loop)
+            sampler = Sampler(
+                root_fs=options.root_dir if options.root_dir.exists() else Path("/"),
+                pod_logs_dir=Path(config.pod_logs_dir),
+                wall_clock=clock.now,
+            )
+            oom = OOMWatcher(on_counts=sampler.set_oom_counts, wall_clock=clock.now)
             send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
             async with trio.open_nursery() as nursery:
                 await nursery.start(loop.run, receive)
@@ -165,8 +200,20 @@ async def run_agent(
                             wall_clock=clock.now,
                         )
                     )
-                nursery.start_soon(run_pleg, send.clone(), client)
+                nursery.start_soon(partial(run_pleg, send.clone(), client, metrics=metrics))
                 nursery.start_soon(_resync, send.clone(), config.sync_frequency)
+                await nursery.start(partial(oom.run, send.clone(), client))
+                nursery.start_soon(partial(sampler.run, client, interval=HOUSEKEEPING_INTERVAL))
+                view = NodeView(
+                    options=options,
+                    store=store,
+                    client=client,
+                    last_relist=lambda: loop.last_relist_ok,
+                    last_sync_loop=lambda: loop.last_handled,
+                    latest_sample=lambda: sampler.latest,
+                    pod_logs_dir=Path(config.pod_logs_dir),
+                )
+                await nursery.start(partial(_serve, view, metrics))
                 if options.show_pods:
                     nursery.start_soon(print_pod_changes, store, sys.stdout, clock)
                 send.close()

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from trio_kubelet.model.pod import Pod
+from trio_kubelet.sources.oom import OOMEvent
 
 
 class _Event(BaseModel):
@@ -65,7 +66,7 @@ class ResyncTick(_Event):
 
 
 Event = Annotated[
-    PodSetUpdate | PodLifecycleEvent | RelistDone | ResyncTick,
+    PodSetUpdate | PodLifecycleEvent | RelistDone | ResyncTick | OOMEvent,
     Field(discriminator="kind"),
 ]
 

@@ -274,10 +274,14 @@ def test_each_rotated_file_replays_on_its_own(recordings: Recordings) -> None:
     assert older, "the recording was not rotated; lower --record-max-bytes"
     first = read_recording(newest).records
     assert first[0].record.kind == "header" and first[1].record.kind == "snapshot"
+    decided = 0
     for path in (newest, *older):
         result = replay_file(path)
         assert result.divergence is None, (path, result.divergence)
-    assert replay_file(newest).decisions > 0
+        decided += result.decisions
+    # Which file the later decisions land in depends on when resyncs fall; together
+    # the files hold them all.
+    assert decided > 0
 
 
 # -- filters and explain -----------------------------------------------------------------------

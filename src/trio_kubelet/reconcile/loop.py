@@ -13,11 +13,18 @@ from collections.abc import Iterable
 
 import trio
 
-from trio_kubelet.events import Event, PodLifecycleEvent, PodSetUpdate, RelistDone, ResyncTick
+from trio_kubelet.events import (
+    Event,
+    PodLifecycleEvent,
+    PodSetUpdate,
+    RelistDone,
+    ResyncTick,
+)
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.reconcile.podconfig import Change, PodConfig
 from trio_kubelet.reconcile.workers import PodWorker, WorkerContext
 from trio_kubelet.replay.records import EventRecord, InFlightSpec, SnapshotRecord
+from trio_kubelet.sources.oom import OOMEvent
 
 log = logging.getLogger("trio_kubelet.sync")
 
@@ -34,6 +41,7 @@ class SyncLoop:
         # Pods whose teardown finished: late PLEG events about them are expected.
         self._gone: set[str] = set()
         self.last_relist_ok: float | None = None
+        self.last_handled: float | None = None  # trio time of the last event (healthz/syncloop)
         self._nursery: trio.Nursery | None = None
         # Every consumed event gets a sequence number; recordings refer to pod specs by it.
         self._seq = 0
@@ -54,6 +62,7 @@ class SyncLoop:
 
     def handle(self, event: Event) -> None:
         """Apply one event to the desired state and wake the workers concerned (never blocks)."""
+        self.last_handled = trio.current_time()
         seq = self._seq
         self._seq += 1
         recorder = self._ctx.recorder
@@ -68,6 +77,17 @@ class SyncLoop:
             self._apply(self.config.apply(event), seq)
         elif isinstance(event, PodLifecycleEvent):
             self._on_lifecycle(event)
+        elif isinstance(event, OOMEvent):
+            log.info(
+                "OOM kill in container %s of pod %s_%s (%s)",
+                event.container_name,
+                event.pod_name,
+                event.pod_namespace,
+                event.pod_uid,
+            )
+            worker = self.workers.get(event.pod_uid)
+            if worker is not None:
+                worker.wake()
         elif isinstance(event, RelistDone):
             self._on_relist(event)
         elif isinstance(event, ResyncTick):

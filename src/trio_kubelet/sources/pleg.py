@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections import Counter
 
 import trio
 
+from trio_kubelet.core.observed import RuntimePodStatus
 from trio_kubelet.core.pleg import PlegState, lifecycle_events, snapshot
 from trio_kubelet.events import Event, PodLifecycleEvent, RelistDone
+from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.runtime.client import CRIClient
 from trio_kubelet.runtime.errors import CRIError
 from trio_kubelet.runtime.inspect import relist
@@ -17,8 +21,34 @@ log = logging.getLogger("trio_kubelet.pleg")
 RELIST_PERIOD = 1.0
 
 
+def _report(
+    metrics: AgentMetrics,
+    pods: dict[str, RuntimePodStatus],
+    duration: float,
+    interval: float | None,
+    wall_time: float,
+) -> None:
+    by_state: Counter[str] = Counter()
+    running_pods = 0
+    for pod in pods.values():
+        states = [c.state.value for c in pod.containers]
+        by_state.update(states)
+        running_pods += "running" in states
+    metrics.record_relist(
+        duration=duration,
+        interval=interval,
+        wall_time=wall_time,
+        running_pods=running_pods,
+        containers_by_state=by_state,
+    )
+
+
 async def run_pleg(
-    send: trio.MemorySendChannel[Event], client: CRIClient, *, period: float = RELIST_PERIOD
+    send: trio.MemorySendChannel[Event],
+    client: CRIClient,
+    *,
+    period: float = RELIST_PERIOD,
+    metrics: AgentMetrics | None = None,
 ) -> None:
     """Relist every ``period`` seconds and send one event per container state change.
 
@@ -27,6 +57,7 @@ async def run_pleg(
     """
     previous: dict[str, tuple[str, PlegState]] = {}
     failing = False
+    last_start: float | None = None
     async with send:
         while True:
             started = trio.current_time()
@@ -51,5 +82,10 @@ async def run_pleg(
                         )
                     )
                 previous = current
-                await send.send(RelistDone(ok=True, duration=trio.current_time() - started))
+                duration = trio.current_time() - started
+                if metrics is not None:
+                    interval = started - last_start if last_start is not None else None
+                    _report(metrics, pods, duration, interval, time.time())
+                last_start = started
+                await send.send(RelistDone(ok=True, duration=duration))
             await trio.sleep_until(started + period)

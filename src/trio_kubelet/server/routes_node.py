@@ -1,0 +1,439 @@
+"""The node's own endpoints: /healthz, /pods, /spec, /configz, /metrics, /metrics/probes.
+
+Three blueprints, by the servers that carry them (as the Go kubelet splits them):
+``healthz`` (all three servers), ``node_read_only`` (/pods, /spec, /metrics*: also
+on the read-only port 10255) and ``node`` (/configz: only on the authenticated
+port 10250). Handlers read published state only — the status store, the health
+timestamps, the metrics registries and a machine description read once at start.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+from quart import Blueprint, Response, current_app, request
+
+from trio_kubelet.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from trio_kubelet.metrics import AgentMetrics
+from trio_kubelet.model.duration import format_duration
+from trio_kubelet.model.pod import Pod
+from trio_kubelet.server.app import plain_response
+from trio_kubelet.server.view import PLEG_RELIST_THRESHOLD, NodeView
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "NodeBlueprints",
+    "healthz_blueprint",
+    "healthz_report",
+    "node_blueprints",
+    "pleg_error",
+    "pod_list_json",
+    "read_machine_info",
+    "syncloop_error",
+]
+
+# The Go kubelet's sync loop check allows max(2 * syncFrequency, 5 min) since the loop last ran.
+SYNC_LOOP_MIN_THRESHOLD = 300.0
+
+HealthCheck = Callable[[], "str | None"]
+
+
+# --- health ----------------------------------------------------------------------------------
+
+
+def syncloop_error(now: float, last_sync_loop: float | None, sync_frequency: float) -> str | None:
+    """Why the sync loop is unhealthy, or None. Not run yet counts as healthy (as in Go)."""
+    if last_sync_loop is None:
+        return None
+    threshold = max(2 * sync_frequency, SYNC_LOOP_MIN_THRESHOLD)
+    if now - last_sync_loop > threshold:
+        return (f"sync loop took longer than expected: last ran "
+                f"{format_duration(round(now - last_sync_loop))} ago; threshold is "
+                f"{format_duration(threshold)}")
+    return None
+
+
+def pleg_error(now: float, last_relist: float | None, started_at: float,
+               threshold: float = PLEG_RELIST_THRESHOLD) -> str | None:
+    """Why the PLEG is unhealthy, or None: no successful relist for ``threshold``.
+
+    Before its first relist it is given ``threshold`` from ``started_at``.
+    """
+    if last_relist is None:
+        if now - started_at > threshold:
+            return "pleg has yet to be successful"
+        return None
+    elapsed = now - last_relist
+    if elapsed > threshold:
+        return (f"pleg was last seen active {format_duration(round(elapsed))} ago; threshold is "
+                f"{format_duration(threshold)}")
+    return None
+
+
+def healthz_report(results: Sequence[tuple[str, str | None]], excluded: Sequence[str],
+                   verbose: bool, name: str = "healthz") -> tuple[int, str]:
+    """``(status, body)`` of /healthz as the apiserver's healthz handler writes them.
+
+    Failures are always verbose and never show their reason (that is logged).
+    """
+    wanted_out = set(excluded)
+    lines: list[str] = []
+    failed = False
+    for check, error in results:
+        if check in wanted_out:
+            wanted_out.discard(check)
+            lines.append(f"[+]{check} excluded: ok")
+        elif error is not None:
+            failed = True
+            lines.append(f"[-]{check} failed: reason withheld")
+        else:
+            lines.append(f"[+]{check} ok")
+    if wanted_out:
+        quoted = ",".join(f'"{c}"' for c in sorted(wanted_out))
+        lines.append(f"warn: some health checks cannot be excluded: no matches for {quoted}")
+    body = "".join(f"{line}\n" for line in lines)
+    if failed:
+        return 500, f"{body}{name} check failed\n"
+    if not verbose:
+        return 200, "ok"
+    return 200, f"{body}{name} check passed\n"
+
+
+class _Health:
+    """The named checks of /healthz over the agent's view."""
+
+    def __init__(self, view: NodeView, started_at: float) -> None:
+        self.view = view
+        self.started_at = started_at
+
+    def checks(self) -> list[tuple[str, HealthCheck]]:
+        return [("ping", lambda: None), ("syncloop", self.syncloop), ("pleg", self.pleg)]
+
+    def syncloop(self) -> str | None:
+        return syncloop_error(trio.current_time(), self.view.last_sync_loop(),
+                              self.view.options.config.sync_frequency)
+
+    def pleg(self) -> str | None:
+        return pleg_error(trio.current_time(), self.view.last_relist(), self.started_at)
+
+
+def healthz_blueprint(view: NodeView, *, started_at: float | None = None) -> Blueprint:
+    """``/healthz`` (``?verbose``, ``?exclude=NAME``) and ``/healthz/{ping,syncloop,pleg}``."""
+    health = _Health(view, trio.current_time() if started_at is None else started_at)
+    checks = dict(health.checks())
+    failing: dict[str, str] = {}  # as last seen: a check that stays failed is logged once
+    blueprint = Blueprint("healthz", __name__)
+
+    def note(results: list[tuple[str, str | None]]) -> None:
+        now_failing = {name: error for name, error in results if error is not None}
+        for name, error in now_failing.items():
+            if name not in failing:
+                log.warning("healthz check %s failed: %s", name, error)
+        for name in failing.keys() - now_failing.keys():
+            log.info("healthz check %s passes again", name)
+        failing.clear()
+        failing.update(now_failing)
+
+    @blueprint.route("/healthz")
+    async def healthz() -> Response:
+        results = [(name, check()) for name, check in checks.items()]
+        note(results)
+        status, body = healthz_report(results, request.args.getlist("exclude"),
+                                      "verbose" in request.args)
+        return plain_response(status, body)
+
+    @blueprint.route("/healthz/<name>")
+    async def healthz_check(name: str) -> Response:
+        check = checks.get(name)
+        if check is None:
+            return plain_response(404, "404 page not found\n")
+        error = check()
+        if error is not None:
+            return plain_response(500, f"internal server error: {error}\n")
+        return plain_response(200, "ok")
+
+    return blueprint
+
+
+# --- /pods -----------------------------------------------------------------------------------
+
+
+def pod_list_json(pods: Sequence[Pod]) -> bytes:
+    """A v1 PodList of ``pods`` (with their status), serialised as the API server would."""
+    items = ",".join(pod.model_dump_json(by_alias=True, exclude_none=True) for pod in pods)
+    return ('{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[' + items + "]}").encode()
+
+
+class _PodListCache:
+    """The last /pods body, reused while the store hands out the very same pod objects
+    (it replaces a pod object whenever that pod changes)."""
+
+    def __init__(self) -> None:
+        self._pods: list[Pod] = []
+        self._body = b""
+
+    def body(self, pods: list[Pod]) -> bytes:
+        if not self._body or len(pods) != len(self._pods) or any(
+                a is not b for a, b in zip(pods, self._pods, strict=True)):
+            self._body = pod_list_json(pods)
+            self._pods = pods  # held, so the identities compared above stay meaningful
+        return self._body
+
+
+# --- /spec -----------------------------------------------------------------------------------
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def _read_int(path: Path, default: int = 0) -> int:
+    text = _read(path)
+    try:
+        return int(text.strip()) if text is not None else default
+    except ValueError:
+        return default
+
+
+def _cpuinfo(root: Path) -> dict[str, Any]:
+    text = _read(root / "proc/cpuinfo") or ""
+    processors = [dict(_key_values(block)) for block in text.split("\n\n") if block.strip()]
+    processors = [p for p in processors if "processor" in p]
+    sockets = {p.get("physical id", "0") for p in processors}
+    cores = {(p.get("physical id", "0"), p.get("core id", p["processor"])) for p in processors}
+    num_cores = len(processors) or os.cpu_count() or 0
+    mhz = next((p["cpu MHz"] for p in processors if "cpu MHz" in p), "0")
+    khz = _read_int(root / "sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+    if not khz:
+        try:
+            khz = int(float(mhz) * 1000)
+        except ValueError:
+            khz = 0
+    return {
+        "vendor_id": next((p["vendor_id"] for p in processors if "vendor_id" in p), ""),
+        "num_cores": num_cores,
+        "num_physical_cores": len(cores) or num_cores,
+        "num_sockets": len(sockets) or 1,
+        "cpu_frequency_khz": khz,
+    }
+
+
+def _key_values(block: str) -> list[tuple[str, str]]:
+    pairs = []
+    for line in block.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            pairs.append((key.strip(), value.strip()))
+    return pairs
+
+
+def _meminfo_bytes(text: str, key: str) -> int:
+    match = re.search(rf"^(?:Node \d+ )?{key}:\s+(\d+) kB", text, re.M)
+    return int(match.group(1)) * 1024 if match else 0
+
+
+def _hugepages(directory: Path) -> list[dict[str, int]]:
+    pages = []
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        match = re.fullmatch(r"hugepages-(\d+)kB", entry.name)
+        if match:
+            pages.append({"page_size": int(match.group(1)),
+                          "num_pages": _read_int(entry / "nr_hugepages")})
+    return pages
+
+
+def _unescape_mount(path: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), path)
+
+
+def _filesystems(root: Path) -> list[dict[str, Any]]:
+    seen: set[str] = set()
+    filesystems = []
+    for line in (_read(root / "proc/mounts") or "").splitlines():
+        fields = line.split()
+        if len(fields) < 3 or not fields[0].startswith("/dev/") or fields[0] in seen:
+            continue
+        seen.add(fields[0])
+        try:
+            st = os.statvfs(_unescape_mount(fields[1]))
+        except OSError:
+            continue
+        filesystems.append({"device": fields[0], "capacity": st.f_blocks * st.f_frsize,
+                            "type": "vfs", "inodes": st.f_files, "has_inodes": st.f_files > 0})
+    return filesystems
+
+
+def _disk_map(root: Path) -> dict[str, dict[str, Any]]:
+    disks: dict[str, dict[str, Any]] = {}
+    try:
+        devices = sorted((root / "sys/block").iterdir())
+    except OSError:
+        return disks
+    for device in devices:
+        if device.name.startswith(("loop", "ram")):
+            continue
+        numbers = (_read(device / "dev") or "").strip()
+        major, sep, minor = numbers.partition(":")
+        if not sep:
+            continue
+        scheduler = re.search(r"\[(.+?)\]", _read(device / "queue/scheduler") or "")
+        disks[numbers] = {"name": device.name, "major": int(major), "minor": int(minor),
+                          "size": _read_int(device / "size") * 512,
+                          "scheduler": scheduler.group(1) if scheduler else "none"}
+    return disks
+
+
+def _network_devices(root: Path) -> list[dict[str, Any]]:
+    devices: list[dict[str, Any]] = []
+    try:
+        interfaces = sorted((root / "sys/class/net").iterdir())
+    except OSError:
+        return devices
+    for interface in interfaces:
+        if interface.name == "lo" or interface.name.startswith("veth"):
+            continue
+        devices.append({"name": interface.name,
+                        "mac_address": (_read(interface / "address") or "").strip(),
+                        "speed": _read_int(interface / "speed"),
+                        "mtu": _read_int(interface / "mtu")})
+    return devices
+
+
+def _cpu_list(text: str) -> list[int]:
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        low, sep, high = part.partition("-")
+        if low.isdigit():
+            cpus.extend(range(int(low), int(high) + 1) if sep and high.isdigit() else [int(low)])
+    return cpus
+
+
+def _topology(root: Path) -> list[dict[str, Any]]:
+    nodes = []
+    try:
+        node_dirs = sorted((root / "sys/devices/system/node").glob("node[0-9]*"),
+                           key=lambda p: int(p.name[4:]))
+    except OSError:
+        return []
+    for node_dir in node_dirs:
+        cores: dict[tuple[int, int], list[int]] = {}
+        for cpu in _cpu_list(_read(node_dir / "cpulist") or ""):
+            topology = root / f"sys/devices/system/cpu/cpu{cpu}/topology"
+            key = (_read_int(topology / "physical_package_id"), _read_int(topology / "core_id"))
+            cores.setdefault(key, []).append(cpu)
+        nodes.append({
+            "node_id": int(node_dir.name[4:]),
+            "memory": _meminfo_bytes(_read(node_dir / "meminfo") or "", "MemTotal"),
+            "hugepages": _hugepages(node_dir / "hugepages"),
+            "cores": [{"core_id": core, "thread_ids": sorted(threads), "caches": [],
+                       "uncore_caches": None, "socket_id": socket}
+                      for (socket, core), threads in sorted(cores.items())],
+            "caches": [],
+        })
+    return nodes
+
+
+def read_machine_info(root: Path = Path("/")) -> dict[str, Any]:
+    """The machine as cAdvisor's ``MachineInfo`` JSON, from /proc and /sys under ``root``.
+
+    Blocking (a few dozen small reads and statvfs calls): read it once at start.
+    """
+    meminfo = _read(root / "proc/meminfo") or ""
+    machine_id = _read(root / "etc/machine-id") or _read(root / "var/lib/dbus/machine-id") or ""
+    return {
+        "timestamp": datetime.datetime.now(datetime.UTC).strftime(
+            "%Y-%m-%dT%H:%M:%S.%fZ"),
+        **_cpuinfo(root),
+        "memory_capacity": _meminfo_bytes(meminfo, "MemTotal"),
+        "swap_capacity": _meminfo_bytes(meminfo, "SwapTotal"),
+        "memory_by_type": {},
+        "nvm": {"memory_mode_capacity": 0, "app direct_mode_capacity": 0, "avg_power_budget": 0},
+        "hugepages": _hugepages(root / "sys/kernel/mm/hugepages"),
+        "machine_id": machine_id.strip(),
+        "system_uuid": (_read(root / "sys/class/dmi/id/product_uuid") or "").strip(),
+        "boot_id": (_read(root / "proc/sys/kernel/random/boot_id") or "").strip(),
+        "filesystems": _filesystems(root),
+        "disk_map": _disk_map(root),
+        "network_devices": _network_devices(root),
+        "topology": _topology(root),
+        "cloud_provider": "Unknown",
+        "instance_type": "Unknown",
+        "instance_id": "None",
+    }
+
+
+# --- the blueprints --------------------------------------------------------------------------
+
+
+def _json_response(body: bytes) -> Response:
+    response: Response = current_app.response_class(body, content_type="application/json")
+    return response
+
+
+@dataclass(frozen=True)
+class NodeBlueprints:
+    """``read_only`` goes on 10255 (and 10250); ``full`` = ``read_only`` + the rest, for 10250."""
+
+    read_only: list[Blueprint]
+    full: list[Blueprint]
+
+
+def node_blueprints(view: NodeView, metrics: AgentMetrics, *,
+                    machine_info: dict[str, Any] | None = None,
+                    started_at: float | None = None) -> NodeBlueprints:
+    """The node endpoints over ``view``. Reads the machine description now (blocking,
+    ~ms) unless ``machine_info`` is given."""
+    machine = json.dumps(machine_info if machine_info is not None else read_machine_info()
+                         ).encode()
+    configz = json.dumps({"kubeletconfig": view.options.config.to_wire()}).encode()
+    pod_lists = _PodListCache()
+
+    read_only = Blueprint("node_read_only", __name__)
+
+    @read_only.route("/pods")
+    @read_only.route("/pods/")
+    async def pods() -> Response:
+        return _json_response(pod_lists.body(view.pods()))
+
+    @read_only.route("/spec")
+    @read_only.route("/spec/")
+    async def spec() -> Response:
+        return _json_response(machine)
+
+    @read_only.route("/metrics")
+    async def agent_metrics() -> Response:
+        response: Response = current_app.response_class(metrics.render(),
+                                                        content_type=METRICS_CONTENT_TYPE)
+        return response
+
+    @read_only.route("/metrics/probes")
+    async def probe_metrics() -> Response:
+        response: Response = current_app.response_class(metrics.render_probes(),
+                                                        content_type=METRICS_CONTENT_TYPE)
+        return response
+
+    full_only = Blueprint("node", __name__)
+
+    @full_only.route("/configz")
+    async def config() -> Response:
+        return _json_response(configz)
+
+    healthz = healthz_blueprint(view, started_at=started_at)
+    return NodeBlueprints(read_only=[healthz, read_only], full=[healthz, read_only, full_only])

@@ -1,0 +1,406 @@
+"""Exec, attach, port-forward and run: the CRI streaming calls behind ``kubectl exec`` and friends.
+
+For ``/exec``, ``/attach`` and ``/portForward`` the kubelet asks the runtime (CRI Exec, Attach,
+PortForward) for a one-time streaming URL and proxies the client's upgraded connection to it
+both ways, as the Go kubelet does. Only websocket upgrades can be proxied: Hypercorn gives an
+ASGI application websockets and h2c, never the raw socket of any other ``Upgrade`` (an app's
+101 becomes an informational response, after which h11 stops reading and refuses to send), so
+SPDY/3.1 requests get a 400 that says so (docs/logs-and-streaming.md).
+
+The websocket subprotocol is negotiated per leg: the client is accepted with the protocol it
+asked for, the runtime is offered the protocol with the same framing it speaks (containerd 1.6
+has no ``v5.channel.k8s.io``; v5 is v4 plus a client "close stdin" signal, which is dropped on
+the way). Frames are passed through untouched otherwise: the runtime writes the exit status.
+``/run`` is the old synchronous form: ExecSync, and the combined output as the answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+import trio
+import trio_websocket
+from quart import Blueprint, Response, current_app, request, websocket
+from quart.typing import ResponseReturnValue
+
+from trio_kubelet.model.pod import Pod
+from trio_kubelet.runtime import labels
+from trio_kubelet.runtime.cri.runtime import v1
+from trio_kubelet.runtime.errors import CRIError, CRINotFound, CRIResourceExhausted
+from trio_kubelet.server.crilog import go_quote
+from trio_kubelet.server.routes_logs import runtime_id, text_error
+from trio_kubelet.server.view import NodeView
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+__all__ = [
+    "PORTFORWARD_PROTOCOLS",
+    "REMOTECOMMAND_PROTOCOLS",
+    "StreamOptions",
+    "StreamRequestError",
+    "choose_protocol",
+    "forwarded_ports",
+    "stream_options",
+    "streaming_blueprint",
+]
+
+# Client subprotocol -> the subprotocol offered to the runtime (same framing on both legs).
+REMOTECOMMAND_PROTOCOLS: Mapping[str, str] = {
+    "v5.channel.k8s.io": "v4.channel.k8s.io",  # + channel 255 (close stdin), dropped
+    "v4.channel.k8s.io": "v4.channel.k8s.io",
+    "v4.base64.channel.k8s.io": "v4.base64.channel.k8s.io",
+    "channel.k8s.io": "channel.k8s.io",
+    "base64.channel.k8s.io": "base64.channel.k8s.io",
+}
+PORTFORWARD_PROTOCOLS: Mapping[str, str] = {
+    "v4.channel.k8s.io": "v4.channel.k8s.io",
+    "v4.base64.channel.k8s.io": "v4.base64.channel.k8s.io",
+    # The SPDY protocol name; over a websocket it can only mean the binary channel framing.
+    "portforward.k8s.io": "v4.channel.k8s.io",
+}
+# A client offering no subprotocol gets the binary framing the Go streaming server gives "".
+# (Offering "" upstream would not do: containerd echoes an empty header, which clients reject.)
+_REMOTECOMMAND_DEFAULT = "channel.k8s.io"
+_PORTFORWARD_DEFAULT = "v4.channel.k8s.io"
+_V5_PROTOCOL = "v5.channel.k8s.io"
+_V5_CLOSE_CHANNEL = 255
+
+RUNTIME_CONNECT_TIMEOUT = 10.0
+RUNTIME_DISCONNECT_TIMEOUT = 5.0
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # hypercorn's own websocket limit
+
+_SPDY_UNSUPPORTED = (
+    "SPDY/3.1 upgrades are not supported by this kubelet (its HTTP server cannot hand a raw "
+    "upgraded connection to the application); connect with a websocket instead, subprotocol "
+    "{protocols}")
+_UPGRADE_REQUIRED = "Upgrade request required"
+
+
+class StreamRequestError(ValueError):
+    """A streaming request is unusable as asked; ``status`` is the HTTP answer."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# -- query parameters ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """Which streams an exec or attach wants (remotecommand.Options)."""
+
+    stdin: bool
+    stdout: bool
+    stderr: bool
+    tty: bool
+
+
+def stream_options(query: Mapping[str, Sequence[str]]) -> StreamOptions:
+    """The streams of an exec/attach request, from the Go kubelet's parameter names.
+
+    The API server sends ``input``/``output``/``error``/``tty`` set to ``1``; the PodExecOptions
+    names (``stdin``, ``stdout``, ``stderr``) and ``true`` are accepted too. A tty has no
+    separate stderr. At least one of stdin, stdout and stderr is required.
+    """
+
+    def flag(*names: str) -> bool:
+        return any((query.get(name) or [""])[0].lower() in ("1", "true") for name in names)
+
+    tty = flag("tty")
+    options = StreamOptions(stdin=flag("input", "stdin"), stdout=flag("output", "stdout"),
+                            stderr=flag("error", "stderr") and not tty, tty=tty)
+    if not (options.stdin or options.stdout or options.stderr):
+        raise StreamRequestError("you must specify at least 1 of stdin, stdout, stderr")
+    return options
+
+
+def forwarded_ports(query: Mapping[str, Sequence[str]]) -> list[int]:
+    """The ``port`` parameters of a websocket port-forward (portforward.NewV4Options)."""
+    values = query.get("port") or []
+    if not values:
+        raise StreamRequestError('query parameter "port" is required')
+    ports: list[int] = []
+    for value in values:
+        if not value:
+            raise StreamRequestError('query parameter "port" cannot be empty')
+        for item in value.split(","):
+            if not item.isdigit() or int(item) > 65535:
+                raise StreamRequestError(f"unable to parse {go_quote(value)} as a port")
+            if int(item) < 1:
+                raise StreamRequestError(f"port {go_quote(value)} must be > 0")
+            ports.append(int(item))
+    return ports
+
+
+def choose_protocol(offered: Sequence[str], table: Mapping[str, str],
+                    default: str) -> tuple[str | None, str]:
+    """``(protocol to accept the client with, protocol to offer the runtime)``.
+
+    The client's first offer that ``table`` knows wins; no offer at all means the default
+    framing with no subprotocol header. Offers of nothing known are refused.
+    """
+    if not offered:
+        return None, default
+    for protocol in offered:
+        if protocol in table:
+            return protocol, table[protocol]
+    raise StreamRequestError(
+        f"none of the requested subprotocols {', '.join(offered)} is supported; "
+        f"supported: {', '.join(table)}")
+
+
+# -- the blueprint ------------------------------------------------------------------------------
+
+
+def streaming_blueprint(view: NodeView) -> Blueprint:
+    """``/exec``, ``/attach``, ``/portForward`` (websockets; plain GET/POST say why not), ``/run``.
+
+    Each streaming path also has its ``…/{uid}/…`` form, checked against the pod's uid.
+    """
+    streaming = Blueprint("streaming", __name__)
+    for kind in ("exec", "attach"):
+        for suffix in ("<namespace>/<pod_name>/<container>",
+                       "<namespace>/<pod_name>/<uid>/<container>"):
+            rule = f"/{kind}/{suffix}"
+            endpoint = f"{kind}_{suffix.count('/')}"
+            streaming.add_websocket(rule, f"{endpoint}_ws", _remotecommand_view(view, kind))
+            streaming.add_url_rule(rule, endpoint, _not_upgraded_view(view, kind),
+                                   methods=["GET", "POST"])
+    for suffix in ("<namespace>/<pod_name>", "<namespace>/<pod_name>/<uid>"):
+        rule = f"/portForward/{suffix}"
+        endpoint = f"portforward_{suffix.count('/')}"
+        streaming.add_websocket(rule, f"{endpoint}_ws", _portforward_view(view))
+        streaming.add_url_rule(rule, endpoint, _not_upgraded_view(view, "portForward"),
+                               methods=["GET", "POST"])
+    for suffix in ("<namespace>/<pod_name>/<container>",
+                   "<namespace>/<pod_name>/<uid>/<container>"):
+        streaming.add_url_rule(f"/run/{suffix}", f"run_{suffix.count('/')}", _run_view(view),
+                               methods=["POST"])
+    return streaming
+
+
+HTTPView = Callable[..., Awaitable[ResponseReturnValue]]
+WebsocketView = Callable[..., Awaitable[ResponseReturnValue | None]]
+
+
+def _remotecommand_view(view: NodeView, kind: str) -> WebsocketView:
+    async def serve(namespace: str, pod_name: str, container: str,
+                    uid: str | None = None) -> ResponseReturnValue | None:
+        try:
+            query = websocket.args.to_dict(flat=False)
+            options = stream_options(query)
+            command = query.get("command") or []
+            if kind == "exec" and not command:
+                raise StreamRequestError('query parameter "command" is required')
+            pod = _find_pod(view, namespace, pod_name, uid)
+            container_id = _running_container(pod, container)
+            protocols = choose_protocol(websocket.requested_subprotocols,
+                                        REMOTECOMMAND_PROTOCOLS, _REMOTECOMMAND_DEFAULT)
+            url = await _streaming_url(view, kind, container_id, command, options)
+        except StreamRequestError as error:
+            return text_error(str(error), error.status)
+        return await _proxy(url, *protocols)
+
+    return serve
+
+
+def _portforward_view(view: NodeView) -> WebsocketView:
+    async def serve(namespace: str, pod_name: str,
+                    uid: str | None = None) -> ResponseReturnValue | None:
+        try:
+            ports = forwarded_ports(websocket.args.to_dict(flat=False))
+            pod = _find_pod(view, namespace, pod_name, uid)
+            protocols = choose_protocol(websocket.requested_subprotocols, PORTFORWARD_PROTOCOLS,
+                                        _PORTFORWARD_DEFAULT)
+            sandbox_id = await _ready_sandbox(view, pod)
+            url = await _runtime_call(view.client.port_forward(
+                v1.PortForwardRequest(pod_sandbox_id=sandbox_id, port=ports)))
+        except StreamRequestError as error:
+            return text_error(str(error), error.status)
+        return await _proxy(url, *protocols)
+
+    return serve
+
+
+def _not_upgraded_view(view: NodeView, kind: str) -> HTTPView:
+    """A plain GET/POST on a streaming path: validated like the Go kubelet, then refused."""
+
+    async def serve(namespace: str, pod_name: str, container: str | None = None,
+                    uid: str | None = None) -> ResponseReturnValue:
+        query = request.args.to_dict(flat=False)
+        try:
+            if kind == "portForward":
+                protocols = PORTFORWARD_PROTOCOLS
+            else:
+                stream_options(query)
+                protocols = REMOTECOMMAND_PROTOCOLS
+            _find_pod(view, namespace, pod_name, uid)
+        except StreamRequestError as error:
+            return text_error(str(error), error.status)
+        upgrade = request.headers.get("Upgrade", "")
+        if "spdy" in upgrade.lower():
+            return text_error(_SPDY_UNSUPPORTED.format(protocols=", ".join(protocols)), 400)
+        return text_error(_UPGRADE_REQUIRED, 400)
+
+    return serve
+
+
+def _run_view(view: NodeView) -> HTTPView:
+    async def serve(namespace: str, pod_name: str, container: str,
+                    uid: str | None = None) -> ResponseReturnValue:
+        """ExecSync of ``cmd`` (split at spaces, as Go does); 200 + stdout then stderr."""
+        command = (request.args.get("cmd") or "").split()
+        try:
+            if not command:
+                raise StreamRequestError('query parameter "cmd" is required')
+            pod = _find_pod(view, namespace, pod_name, uid)
+            container_id = _running_container(pod, container)
+            reply = await _runtime_call(view.client.exec_sync(container_id, command, 0))
+        except StreamRequestError as error:
+            return text_error(str(error), error.status)
+        if reply.exit_code != 0:
+            return text_error(f"command '{' '.join(command)}' exited with {reply.exit_code}: "
+                              f"{reply.stderr.decode(errors='replace')}", 500)
+        response: Response = current_app.response_class(
+            reply.stdout + reply.stderr, content_type="text/plain; charset=utf-8")
+        return response
+
+    return serve
+
+
+# -- resolving what to stream to ----------------------------------------------------------------
+
+
+def _find_pod(view: NodeView, namespace: str, name: str, uid: str | None) -> Pod:
+    where = f"pod {go_quote(name)} in namespace {go_quote(namespace)}"
+    pod = view.find_pod(namespace, name)
+    if pod is None:
+        raise StreamRequestError(f"{where} not found", 404)
+    if uid and pod.metadata.uid != uid:
+        raise StreamRequestError(f"{where} has no uid {go_quote(uid)}", 404)
+    return pod
+
+
+def _running_container(pod: Pod, name: str) -> str:
+    """The runtime id of the running instance of container ``name``."""
+    spec = pod.spec
+    if not any(c.name == name
+               for c in (*spec.init_containers, *spec.containers, *spec.ephemeral_containers)):
+        raise StreamRequestError(
+            f"container {go_quote(name)} not found in pod {go_quote(pod.metadata.name)}", 404)
+    status = pod.status
+    for candidate in (*status.container_statuses, *status.init_container_statuses,
+                      *status.ephemeral_container_statuses):
+        if candidate.name == name and candidate.state.running is not None \
+                and candidate.container_id:
+            return runtime_id(candidate.container_id)
+    raise StreamRequestError(
+        f"container {go_quote(name)} in pod {go_quote(pod.metadata.name)} is not running", 400)
+
+
+async def _ready_sandbox(view: NodeView, pod: Pod) -> str:
+    state = v1.PodSandboxStateValue(state=v1.PodSandboxState.SANDBOX_READY)
+    sandboxes = await _runtime_call(view.client.list_pod_sandbox(v1.PodSandboxFilter(
+        label_selector={labels.POD_UID: pod.metadata.uid}, state=state)))
+    if not sandboxes:
+        raise StreamRequestError(f"pod {go_quote(pod.metadata.name)} in namespace "
+                                 f"{go_quote(pod.metadata.namespace)} has no ready sandbox", 404)
+    return max(sandboxes, key=lambda sandbox: sandbox.created_at).id
+
+
+async def _streaming_url(view: NodeView, kind: str, container_id: str, command: list[str],
+                         options: StreamOptions) -> str:
+    if kind == "exec":
+        return await _runtime_call(view.client.exec(v1.ExecRequest(
+            container_id=container_id, cmd=command, tty=options.tty, stdin=options.stdin,
+            stdout=options.stdout, stderr=options.stderr)))
+    return await _runtime_call(view.client.attach(v1.AttachRequest(
+        container_id=container_id, tty=options.tty, stdin=options.stdin,
+        stdout=options.stdout, stderr=options.stderr)))
+
+
+async def _runtime_call(call: Awaitable[T]) -> T:
+    """A CRI call, its failure as the Go streaming.WriteError status (404, 429 or 500)."""
+    try:
+        return await call
+    except CRINotFound as error:
+        raise StreamRequestError(error.message or str(error), 404) from None
+    except CRIResourceExhausted as error:
+        raise StreamRequestError(error.message or str(error), 429) from None
+    except CRIError as error:
+        raise StreamRequestError(str(error), 500) from None
+
+
+# -- the proxy ----------------------------------------------------------------------------------
+
+
+async def _proxy(url: str, client_protocol: str | None,
+                 runtime_protocol: str) -> ResponseReturnValue | None:
+    """Dial the runtime's streaming URL, then accept the client and pump frames both ways.
+
+    Dialling first means a runtime that refuses still gets the client a real HTTP answer. The
+    session ends when either side closes: the runtime's close (after it sent the exit status) is
+    passed on to the client; the client going away cancels this handler, which closes the
+    runtime's connection and so ends the command's streams.
+    """
+    target = urlsplit(url)
+    resource = target.path + (f"?{target.query}" if target.query else "")
+    async with AsyncExitStack() as stack:
+        try:
+            runtime = await stack.enter_async_context(trio_websocket.open_websocket(
+                target.hostname or "127.0.0.1", target.port or (443 if target.scheme == "https"
+                                                                else 80),
+                resource, use_ssl=target.scheme == "https", subprotocols=[runtime_protocol],
+                max_message_size=MAX_MESSAGE_BYTES, connect_timeout=RUNTIME_CONNECT_TIMEOUT,
+                disconnect_timeout=RUNTIME_DISCONNECT_TIMEOUT))
+        except (trio_websocket.HandshakeError, OSError) as error:
+            log.warning("streaming: cannot reach the runtime at %s: %s", target.netloc,
+                        _describe(error))
+            return text_error(f"error dialing the runtime's streaming server: "
+                              f"{_describe(error)}", 500)
+        await websocket.accept(subprotocol=client_protocol)
+        code = await _pump(runtime, drop_close_signals=client_protocol == _V5_PROTOCOL)
+        await websocket.close(code)
+    return None
+
+
+async def _pump(runtime: trio_websocket.WebSocketConnection, *, drop_close_signals: bool) -> int:
+    """Copy frames between the client and the runtime until the runtime closes; its close code."""
+    code = 1000
+
+    async def client_to_runtime() -> None:
+        while True:
+            message = await websocket.receive()
+            if drop_close_signals and isinstance(message, bytes) \
+                    and message[:1] == bytes([_V5_CLOSE_CHANNEL]):
+                continue  # v4 has no way to close stdin alone
+            await runtime.send_message(message)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client_to_runtime)
+        try:
+            while True:
+                await websocket.send(await runtime.get_message())
+        except trio_websocket.ConnectionClosed as closed:
+            reason = closed.reason.code if closed.reason is not None else 1000
+            code = reason if reason in (1000, 1001, 1008, 1011) else 1011
+        nursery.cancel_scope.cancel()
+    return code
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, trio_websocket.ConnectionRejected):
+        body = (error.body or b"").decode(errors="replace").strip()
+        return f"rejected with HTTP {error.status_code}" + (f": {body}" if body else "")
+    if isinstance(error, trio_websocket.ConnectionTimeout):
+        return "no websocket handshake within the timeout (subprotocol not supported?)"
+    return str(error) or type(error).__name__

@@ -1,0 +1,346 @@
+"""Running the kubelet's HTTP servers in the caller's nursery: 10250 HTTPS, 10255, 10248.
+
+Each server is Hypercorn's trio connection handler (``hypercorn.trio.tcp_server``)
+behind our own accept loop. Owning the loop gives three things ``hypercorn.trio.serve``
+does not: the TLS handshake happens here first, so the client certificate it
+verified is handed to the app (as the ASGI ``tls`` scope extension, through a
+per-connection context variable that the request tasks inherit); the number of
+connections is bounded; and the bound addresses (port 0 → an ephemeral port) are
+reported to the caller. Header size and the time a client may take to send its
+headers are bounded by Hypercorn (``h11_max_incomplete_size``, ``keep_alive_timeout``),
+a body by the app (1 MiB, see ``app.py``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, cast
+
+import trio
+from hypercorn.app_wrappers import ASGIWrapper
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, ConnectionState, Scope
+from quart import Blueprint
+from quart_trio import QuartTrio
+
+from trio_kubelet.metrics import AgentMetrics
+from trio_kubelet.server.app import MAX_BODY_BYTES, create_app
+from trio_kubelet.server.auth import Authorizer, RequestAuthenticator, ReviewClient, build_auth
+from trio_kubelet.server.routes_node import healthz_blueprint
+from trio_kubelet.server.tls import (
+    TLSConfigError,
+    ensure_serving_certificate,
+    server_ssl_context,
+)
+from trio_kubelet.server.view import NodeView
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "HTTPLimits",
+    "ServerAddresses",
+    "ServerStartError",
+    "run_servers",
+    "serve_app",
+    "serve_listeners",
+]
+
+Address = tuple[str, int]
+
+_TLS_VERSIONS = {"TLSv1.2": 0x0303, "TLSv1.3": 0x0304}
+# The verified TLS facts of the connection a request arrived on (None: plain HTTP).
+_PEER_TLS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "trio_kubelet_peer_tls", default=None)
+
+
+class ServerStartError(Exception):
+    """A server could not start (port in use, bad certificate); ``str()`` says which."""
+
+
+@dataclass(frozen=True)
+class HTTPLimits:
+    """What one client may cost a server."""
+
+    max_header_bytes: int = 64 * 1024
+    # Idle keep-alive connections are closed after this, and it is also the time a client
+    # has to send a complete request head (Go's IdleTimeout is 90 s).
+    idle_timeout: float = 90.0
+    tls_handshake_timeout: float = 10.0
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_connections: int = 1024
+    max_concurrent_streams: int = 100  # per HTTP/2 connection
+    shutdown_timeout: float = 5.0
+
+
+@dataclass(frozen=True)
+class ServerAddresses:
+    """Where the servers listen (host, port), None for a server that is off."""
+
+    https: Address
+    read_only: Address | None = None
+    healthz: Address | None = None
+
+
+def _hypercorn_config(limits: HTTPLimits) -> HypercornConfig:
+    config = HypercornConfig()
+    config.h11_max_incomplete_size = limits.max_header_bytes
+    config.h2_max_header_list_size = limits.max_header_bytes
+    config.h2_max_concurrent_streams = limits.max_concurrent_streams
+    config.keep_alive_timeout = limits.idle_timeout
+    config.ssl_handshake_timeout = limits.tls_handshake_timeout
+    # No read timeout: a followed log or an exec session may be quiet for hours.
+    config.read_timeout = None
+    config.shutdown_timeout = limits.shutdown_timeout
+    config.graceful_timeout = limits.shutdown_timeout
+    config.include_server_header = False
+    config.accesslog = None
+    config.errorlog = logging.getLogger("trio_kubelet.server.hypercorn")
+    return config
+
+
+def _peer_tls(stream: trio.SSLStream[trio.SocketStream]) -> dict[str, Any]:
+    """The ASGI TLS extension of a connection whose handshake has completed."""
+    der = stream.getpeercert(binary_form=True)
+    return {
+        "server_cert": None,
+        "client_cert_chain": [ssl.DER_cert_to_PEM_cert(der)] if der else [],
+        "client_cert_name": None,
+        "client_cert_error": None,
+        "tls_version": _TLS_VERSIONS.get(stream.version() or ""),
+        "cipher_suite": None,
+    }
+
+
+class _PeerTLSScope:
+    """Puts the connection's TLS facts into each request's scope."""
+
+    def __init__(self, app: QuartTrio) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: ASGIReceiveCallable,
+                       send: ASGISendCallable) -> None:
+        tls = _PEER_TLS.get()
+        if tls is not None and scope["type"] in ("http", "websocket"):
+            extensions = {**(scope.get("extensions") or {}), "tls": tls}
+            scope = cast(Scope, {**scope, "extensions": extensions})
+        await self.app(scope, receive, send)
+
+
+@dataclass
+class _Connections:
+    limit: int
+    open: int = 0
+
+
+class _PeerStream:
+    """A connection's stream that tells when the peer has stopped sending.
+
+    Hypercorn's trio connection task otherwise outlives a client that hung up by up
+    to ``keep_alive_timeout``, holding its socket; here the end of the peer's data
+    ends the keep-alive wait at once (through the connection's own worker context).
+    """
+
+    def __init__(self, stream: Any, context: WorkerContext) -> None:
+        self._stream = stream
+        self._context = context
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        data: bytes = await self._stream.receive_some(max_bytes)
+        if not data:
+            await self._context.terminated.set()
+        return data
+
+
+async def _handshake(stream: trio.SSLStream[trio.SocketStream], timeout: float) -> bool:
+    try:
+        with trio.fail_after(timeout):
+            await stream.do_handshake()
+    except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+        # Scanners, clients with an untrusted certificate, slow handshakes: nothing to report.
+        cause = exc.__cause__ or exc
+        log.debug("TLS handshake failed: %s", cause)
+        await trio.aclose_forcefully(stream)
+        return False
+    return True
+
+
+async def _serve_connection(app: ASGIWrapper, config: HypercornConfig, state: dict[str, Any],
+                            ssl_context: ssl.SSLContext | None, connections: _Connections,
+                            tcp: trio.SocketStream) -> None:
+    if connections.open >= connections.limit:
+        log.debug("Too many connections (%d), closing a new one", connections.open)
+        await trio.aclose_forcefully(tcp)
+        return
+    connections.open += 1
+    try:
+        stream: Any = tcp
+        if ssl_context is not None:
+            stream = trio.SSLStream(tcp, ssl_context, server_side=True, https_compatible=True)
+            if not await _handshake(stream, config.ssl_handshake_timeout):
+                return
+            # Set in this connection's task: the request tasks Hypercorn spawns from it
+            # inherit a copy, so each request sees its own connection's certificate.
+            _PEER_TLS.set(_peer_tls(stream))
+        context = WorkerContext(None)
+        server = TCPServer(app, config, context, ConnectionState(state.copy()),
+                           cast(Any, _PeerStream(stream, context)))
+        await server.run()
+    except Exception as exc:  # one broken connection must never take the server down
+        log.error("HTTP connection failed: %s: %s", type(exc).__name__, exc)
+        await trio.aclose_forcefully(tcp)
+    finally:
+        connections.open -= 1
+
+
+async def _stop_lifespan(lifespan: Lifespan, timeout: float) -> None:
+    with trio.CancelScope(shield=True), trio.move_on_after(timeout):
+        try:
+            await lifespan.wait_for_shutdown()
+        except Exception as exc:
+            log.debug("app shutdown: %s", exc)
+
+
+async def _listen(host: str, port: int, name: str) -> list[trio.SocketListener]:
+    try:
+        return await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        raise ServerStartError(f"{name} server: cannot listen on {host}:{port}: "
+                               f"{exc.strerror or exc}") from None
+
+
+async def _close(listeners: Sequence[trio.SocketListener]) -> None:
+    with trio.CancelScope(shield=True):
+        for listener in listeners:
+            await trio.aclose_forcefully(listener)
+
+
+async def serve_listeners(app: QuartTrio, listeners: Sequence[trio.SocketListener], *,
+                          ssl_context: ssl.SSLContext | None = None,
+                          limits: HTTPLimits = HTTPLimits(), name: str = "HTTP",
+                          task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
+                          ) -> None:
+    """Serve ``app`` on bound ``listeners`` until cancelled, then close them; reports the
+    first listener's ``(host, port)`` once serving."""
+    config = _hypercorn_config(limits)
+    asgi = ASGIWrapper(_PeerTLSScope(app))
+    host, port = listeners[0].socket.getsockname()[:2]
+    state: dict[str, Any] = {}
+    lifespan = Lifespan(asgi, config, state)
+    handler = partial(_serve_connection, asgi, config, state, ssl_context,
+                      _Connections(limits.max_connections))
+    try:
+        async with trio.open_nursery() as lifespan_nursery:
+            await lifespan_nursery.start(lifespan.handle_lifespan)
+            await lifespan.wait_for_startup()
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(trio.serve_listeners, handler, list(listeners))
+                    scheme = "https" if ssl_context is not None else "http"
+                    log.info("%s server listening on %s://%s:%d", name, scheme, host, port)
+                    task_status.started((host, port))
+            finally:
+                await _stop_lifespan(lifespan, limits.shutdown_timeout)
+                lifespan_nursery.cancel_scope.cancel()
+    finally:
+        await _close(listeners)
+
+
+async def serve_app(app: QuartTrio, host: str, port: int, *,
+                    ssl_context: ssl.SSLContext | None = None,
+                    limits: HTTPLimits = HTTPLimits(), name: str = "HTTP",
+                    task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``app`` on ``host:port`` (0: any free port) until cancelled; reports the bound
+    ``(host, port)``. Raises ServerStartError when the port cannot be bound."""
+    listeners = await _listen(host, port, name)
+    await serve_listeners(app, listeners, ssl_context=ssl_context, limits=limits, name=name,
+                          task_status=task_status)
+
+
+@dataclass(frozen=True)
+class _Server:
+    name: str
+    app: QuartTrio
+    host: str
+    port: int
+    ssl_context: ssl.SSLContext | None = None
+
+
+def _servers(view: NodeView, blueprints_full: Sequence[Blueprint],
+             blueprints_read_only: Sequence[Blueprint], tls_context: ssl.SSLContext,
+             authenticator: RequestAuthenticator, authorizer: Authorizer | None,
+             metrics: AgentMetrics | None, limits: HTTPLimits) -> list[_Server]:
+    config = view.options.config
+    servers = [_Server("kubelet", create_app(
+        view, blueprints_full, authenticator=authenticator, authorizer=authorizer,
+        metrics=metrics, server_type="readwrite", max_body_bytes=limits.max_body_bytes),
+        config.address, config.port, tls_context)]
+    if config.read_only_port > 0:
+        servers.append(_Server("read-only", create_app(
+            view, blueprints_read_only, metrics=metrics, server_type="readonly",
+            max_body_bytes=limits.max_body_bytes), config.address, config.read_only_port))
+    if config.healthz_port > 0:
+        servers.append(_Server("healthz", create_app(
+            view, [healthz_blueprint(view)], max_body_bytes=limits.max_body_bytes),
+            config.healthz_bind_address, config.healthz_port))
+    return servers
+
+
+async def run_servers(view: NodeView, blueprints_full: Sequence[Blueprint],
+                      blueprints_read_only: Sequence[Blueprint], *,
+                      metrics: AgentMetrics | None = None,
+                      authenticator: RequestAuthenticator | None = None,
+                      authorizer: Authorizer | None = None,
+                      review: ReviewClient | None = None,
+                      limits: HTTPLimits = HTTPLimits(),
+                      task_status: trio.TaskStatus[ServerAddresses] = trio.TASK_STATUS_IGNORED
+                      ) -> None:
+    """Run the kubelet's servers until cancelled; ``task_status.started`` once all listen.
+
+    - ``address:port`` HTTPS with ``blueprints_full``, authenticated and authorised
+      (``authenticator``/``authorizer``, or built from the configuration, asking
+      ``review``'s API server for TokenReviews and SubjectAccessReviews);
+    - ``address:readOnlyPort`` plain HTTP with ``blueprints_read_only``, no auth, if > 0;
+    - ``healthzBindAddress:healthzPort`` plain HTTP, /healthz only, if > 0.
+
+    Every port is bound before any is served, so a port in use or an unusable
+    certificate raises ServerStartError here, with nothing left listening.
+    """
+    options = view.options
+    if authenticator is None:
+        if authorizer is not None:
+            raise ValueError("an authorizer needs an authenticator")
+        authenticator, authorizer = build_auth(options, review)
+    client_ca = options.config.authentication.x509.client_ca_file or None
+    try:
+        cert = await trio.to_thread.run_sync(ensure_serving_certificate, options)
+        tls_context = server_ssl_context(cert, client_ca)
+    except TLSConfigError as exc:
+        raise ServerStartError(f"kubelet server: {exc}") from None
+    servers = _servers(view, blueprints_full, blueprints_read_only, tls_context, authenticator,
+                       authorizer, metrics, limits)
+    bound: list[list[trio.SocketListener]] = []
+    try:
+        for server in servers:
+            bound.append(await _listen(server.host, server.port, server.name))
+        addresses: dict[str, Address] = {}
+        async with trio.open_nursery() as nursery:
+            for server, listeners in zip(servers, bound, strict=True):
+                addresses[server.name] = await nursery.start(partial(
+                    serve_listeners, server.app, listeners, ssl_context=server.ssl_context,
+                    limits=limits, name=server.name))
+            task_status.started(ServerAddresses(addresses["kubelet"], addresses.get("read-only"),
+                                                addresses.get("healthz")))
+    finally:
+        for listeners in bound:
+            await _close(listeners)

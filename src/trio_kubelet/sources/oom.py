@@ -1,0 +1,438 @@
+"""The OOM watcher: the kernel's OOM kills inside containers, as events and per-container counts.
+
+Two signals, because neither is enough alone:
+
+* an eventfd on each running container's ``memory.oom_control`` (registered
+  through ``cgroup.event_control``, cgroup v1) wakes us on an OOM in that
+  cgroup; we then read the cgroup's ``oom_kill`` counter. It cannot see a
+  container that was OOM-killed before we registered, nor read the counter
+  once the container exited: its memory cgroup disappears with it.
+* ``/dev/kmsg`` carries every kill ("oom-kill:… task_memcg=/k8s.io/<id>…" then
+  "Memory cgroup out of memory: Killed process …"), early ones included.
+
+A container's count is the larger of the two tallies, so a kill both signals
+report is counted once. Each increase is sent as an `OOMEvent`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Container, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal, Protocol
+
+import trio
+from pydantic import BaseModel, ConfigDict
+
+from trio_kubelet.runtime import labels as L
+from trio_kubelet.runtime.errors import CRIError
+from trio_kubelet.sources.sampler import (
+    CONTAINER_RUNNING,
+    DEFAULT_CGROUP_PARENT,
+    CgroupLocator,
+    container_id_of,
+)
+
+__all__ = [
+    "KernelOOM",
+    "KmsgOOMParser",
+    "OOMEvent",
+    "OOMWatcher",
+    "read_oom_kill_count",
+    "register_oom_eventfd",
+]
+
+log = logging.getLogger("trio_kubelet.oom")
+
+RELIST_PERIOD = 1.0
+# The oom_kill counter may lag the eventfd: the kernel notifies before it kills.
+_RECHECK_DELAYS = (0.01, 0.1, 1.0)
+
+
+class OOMEvent(BaseModel):
+    """The kernel OOM-killed a process in a container."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["oom"] = "oom"
+    container_id: str
+    pod_uid: str = ""
+    pod_name: str = ""
+    pod_namespace: str = ""
+    container_name: str = ""
+    time: float  # epoch seconds when the agent saw it
+    count: int  # OOM kills seen in this container so far (container_oom_events_total)
+    process: str = ""  # the killed process, when /dev/kmsg named it
+    pid: int = 0
+
+
+class ContainerLister(Protocol):
+    async def list_containers_brief(self, *, call_timeout: float | None = None) -> Sequence[Any]:
+        ...
+
+
+# -- /dev/kmsg -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KernelOOM:
+    """One OOM kill as the kernel log tells it."""
+
+    memcg: str  # the killed task's memory cgroup
+    pid: int
+    process: str
+
+    @property
+    def container_id(self) -> str:
+        return container_id_of(self.memcg)
+
+
+_OOM_KILL = re.compile(rb"^oom-kill:.*?\btask_memcg=([^,]*),task=([^,]*),pid=(\d+)")
+_TASK_IN = re.compile(rb"^Task in (\S+) killed as a result of limit of \S+")  # before 4.19
+_KILLED = re.compile(rb"Killed process (\d+) \(([^)]*)\)")
+
+
+class KmsgOOMParser:
+    """Turns /dev/kmsg records into `KernelOOM`s (the kill completes on "Killed process")."""
+
+    def __init__(self) -> None:
+        self._memcg: str | None = None
+        self._pid = 0
+
+    def feed(self, data: bytes) -> list[KernelOOM]:
+        """One or more records ("<prio>,<seq>,<usec>,<flags>;<message>\\n[ continuation]…")."""
+        kills: list[KernelOOM] = []
+        for line in data.split(b"\n"):
+            if not line or line.startswith(b" "):
+                continue  # continuation lines carry dictionary fields
+            message = line.partition(b";")[2]
+            kill = self._message(message)
+            if kill is not None:
+                kills.append(kill)
+        return kills
+
+    def _message(self, message: bytes) -> KernelOOM | None:
+        if match := _OOM_KILL.match(message):
+            self._memcg = match[1].decode(errors="replace")
+            self._pid = int(match[3])
+        elif match := _TASK_IN.match(message):
+            self._memcg, self._pid = match[1].decode(errors="replace"), 0
+        elif (match := _KILLED.search(message)) and self._memcg is not None:
+            pid = int(match[1])
+            memcg, self._memcg = self._memcg, None
+            if self._pid in (0, pid):
+                return KernelOOM(memcg=memcg, pid=pid, process=match[2].decode(errors="replace"))
+        return None
+
+
+# -- memory.oom_control --------------------------------------------------------------------------
+
+
+def register_oom_eventfd(cgroup_dir: bytes) -> int:
+    """An eventfd the kernel signals on each OOM in the cgroup (and once when it is removed).
+
+    Raises OSError (ENOENT) when the cgroup does not exist (any more).
+    """
+    efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    try:
+        control = os.open(cgroup_dir + b"/memory.oom_control", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            events = os.open(cgroup_dir + b"/cgroup.event_control", os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(events, b"%d %d" % (efd, control))
+            finally:
+                os.close(events)
+        finally:
+            os.close(control)  # the kernel keeps what it needs once registered
+    except BaseException:
+        os.close(efd)
+        raise
+    return efd
+
+
+def read_oom_kill_count(cgroup_dir: bytes) -> int | None:
+    """The cgroup's ``oom_kill`` counter, or None when the cgroup is gone."""
+    try:
+        with open(cgroup_dir + b"/memory.oom_control", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    for line in data.split(b"\n"):
+        key, _, value = line.partition(b" ")
+        if key == b"oom_kill":
+            return int(value)
+    return 0  # kernels before 4.13 do not count; /dev/kmsg still does
+
+
+@dataclass(frozen=True, slots=True)
+class _Identity:
+    pod_uid: str
+    pod_name: str
+    pod_namespace: str
+    container_name: str
+
+
+class OOMWatcher:
+    """Watches for OOM kills in the kubelet's containers; `counts` per container id.
+
+    ``register`` makes the eventfd (a parameter so tests can count on a fake
+    tree); ``kmsg`` None turns the kernel log off. ``on_counts`` is called with
+    the new counts after every change (the sampler's `set_oom_counts`).
+    ``offload=False`` locates cgroups on the event loop instead of a worker
+    thread (for tests on trio's mock clock).
+    """
+
+    def __init__(
+        self,
+        *,
+        cgroup_root: Path = Path("/sys/fs/cgroup"),
+        kmsg: Path | None = Path("/dev/kmsg"),
+        cgroup_parent: str = DEFAULT_CGROUP_PARENT,
+        wall_clock: Callable[[], float] = time.time,
+        on_counts: Callable[[Mapping[str, int]], None] | None = None,
+        register: Callable[[bytes], int] = register_oom_eventfd,
+        offload: bool = True,
+    ) -> None:
+        self._memory = os.fsencode(cgroup_root / "memory")
+        self._locator = CgroupLocator(cgroup_root, cgroup_parent)
+        self._kmsg_path = kmsg
+        self._wall_clock = wall_clock
+        self._on_counts = on_counts
+        self._register = register
+        self._offload = offload
+        self._known: dict[str, _Identity] = {}
+        self._watches: dict[str, trio.CancelScope] = {}
+        self._kernel: dict[str, int] = {}  # oom_kill counters read from the cgroups
+        self._kmsg: dict[str, int] = {}  # kills the kernel log attributed to each container
+        self._counts: dict[str, int] = {}
+        self._unresolved: list[KernelOOM] = []  # kmsg kills of containers not listed yet
+        self._relist_wanted = trio.Event()
+        self._send: trio.MemorySendChannel[OOMEvent] | None = None
+
+    @property
+    def counts(self) -> Mapping[str, int]:
+        """OOM kills seen per container id (``container_oom_events_total``)."""
+        return MappingProxyType(self._counts)
+
+    def watched(self) -> frozenset[str]:
+        """The containers with a registered eventfd."""
+        return frozenset(self._watches)
+
+    async def run(
+        self,
+        send: trio.MemorySendChannel[OOMEvent],
+        client: ContainerLister,
+        *,
+        relist_period: float = RELIST_PERIOD,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Watch until cancelled; ready once the running containers are registered.
+
+        The container list is refreshed every ``relist_period`` seconds (and at
+        once when the kernel log names a container not listed yet), so an
+        eventfd is registered within that time of a container's start.
+        """
+        async with send, trio.open_nursery() as nursery:
+            self._send = send
+            kmsg = self._open_kmsg()
+            if kmsg is not None:  # the task owns (and closes) the descriptor from here
+                nursery.start_soon(self._watch_kmsg, kmsg)
+            try:
+                await self._relist(client, nursery)
+            except CRIError as err:
+                log.warning("OOM watcher: listing containers failed: %s", err)
+            nursery.start_soon(self._relist_loop, client, relist_period, nursery)
+            task_status.started()
+
+    # -- the container list
+
+    async def _relist_loop(
+        self, client: ContainerLister, period: float, nursery: trio.Nursery
+    ) -> None:
+        failing = False
+        while True:
+            with trio.move_on_after(period):
+                await self._relist_wanted.wait()
+            self._relist_wanted = trio.Event()
+            try:
+                await self._relist(client, nursery)
+            except CRIError as err:
+                if not failing:
+                    log.warning("OOM watcher: listing containers failed: %s", err)
+                failing = True
+            else:
+                failing = False
+
+    async def _relist(self, client: ContainerLister, nursery: trio.Nursery) -> None:
+        containers = await client.list_containers_brief(call_timeout=10.0)
+        known: dict[str, _Identity] = {}
+        running: list[str] = []
+        for c in containers:
+            uid = c.labels.get(L.POD_UID)
+            if not uid:
+                continue
+            known[c.id] = _Identity(
+                pod_uid=uid, pod_name=c.labels.get(L.POD_NAME, ""),
+                pod_namespace=c.labels.get(L.POD_NAMESPACE, ""),
+                container_name=c.labels.get(L.CONTAINER_NAME) or c.metadata.name,
+            )
+            if c.state == CONTAINER_RUNNING:
+                running.append(c.id)
+        self._known = known
+        self._forget(known.keys())
+        now = trio.current_time()
+        # Locating is a stat per new container, but a cgroupspy walk (tens of ms) for one
+        # outside the default parent: off the event loop unless told otherwise (tests).
+        if self._offload:
+            cgroups = await trio.to_thread.run_sync(self._locator.locate, running, now)
+        else:
+            cgroups = self._locator.locate(running, now)
+        for id, scope in list(self._watches.items()):
+            if id not in cgroups:
+                scope.cancel()
+        for id, path in cgroups.items():
+            if id not in self._watches:
+                self._start_watch(id, self._memory + path.encode(), nursery)
+        unresolved, self._unresolved = self._unresolved, []
+        for kill in unresolved:
+            if kill.container_id in known:
+                await self._publish(kill.container_id, kill)
+            else:  # not a container of ours (a system service, another runtime)
+                self._kmsg.pop(kill.container_id, None)
+
+    def _forget(self, listed: Container[str]) -> None:
+        """Drop the tallies of containers the runtime no longer has."""
+        counted = len(self._counts)
+        for tally in (self._kernel, self._kmsg, self._counts):
+            for id in [id for id in tally if id not in listed]:
+                del tally[id]
+        if len(self._counts) != counted and self._on_counts is not None:
+            self._on_counts(self.counts)
+
+    # -- eventfd per container
+
+    def _start_watch(self, id: str, cgroup_dir: bytes, nursery: trio.Nursery) -> None:
+        """Register the container's eventfd now; a task then waits on it."""
+        try:
+            efd = self._register(cgroup_dir)
+        except OSError as err:
+            if err.errno not in (errno.ENOENT, errno.ENODEV):  # else: it exited meanwhile
+                log.info("No OOM eventfd for container %s (kmsg still counts): %s", id, err)
+            return
+        scope = self._watches[id] = trio.CancelScope()
+        nursery.start_soon(self._watch_container, id, cgroup_dir, efd, scope)
+
+    async def _watch_container(
+        self, id: str, cgroup_dir: bytes, efd: int, scope: trio.CancelScope
+    ) -> None:
+        try:
+            with scope:
+                await self._watch_eventfd(id, cgroup_dir, efd)
+        finally:
+            os.close(efd)
+            if self._watches.get(id) is scope:
+                del self._watches[id]
+
+    async def _watch_eventfd(self, id: str, cgroup_dir: bytes, efd: int) -> None:
+        if not await self._read_counter(id, cgroup_dir):
+            return
+        while True:
+            await trio.lowlevel.wait_readable(efd)
+            try:
+                os.eventfd_read(efd)
+            except BlockingIOError:
+                continue
+            before = self._kernel.get(id, 0)
+            for delay in (0.0, *_RECHECK_DELAYS):
+                await trio.sleep(delay)
+                if not await self._read_counter(id, cgroup_dir):
+                    return  # the cgroup is gone (the removal signals too): that is normal
+                if self._kernel.get(id, 0) > before:
+                    break
+
+    async def _read_counter(self, id: str, cgroup_dir: bytes) -> bool:
+        count = read_oom_kill_count(cgroup_dir)
+        if count is None:
+            return False
+        if count > self._kernel.get(id, 0):
+            self._kernel[id] = count
+            await self._publish(id)
+        return True
+
+    # -- /dev/kmsg
+
+    def _open_kmsg(self) -> int | None:
+        if self._kmsg_path is None:
+            return None
+        try:
+            fd = os.open(self._kmsg_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as err:
+            log.warning("Cannot read %s (%s): OOM kills are seen through eventfds only",
+                        self._kmsg_path, err)
+            return None
+        with contextlib.suppress(OSError):  # a pipe (in tests) cannot seek
+            os.lseek(fd, 0, os.SEEK_END)  # only kills from now on
+        return fd
+
+    async def _watch_kmsg(self, fd: int) -> None:
+        parser = KmsgOOMParser()
+        try:
+            while True:
+                try:
+                    data = os.read(fd, 8192)
+                except BlockingIOError:
+                    await trio.lowlevel.wait_readable(fd)
+                    continue
+                except BrokenPipeError:
+                    continue  # the ring buffer overwrote records we had not read yet
+                except OSError as err:
+                    log.warning("Reading %s failed (%s); OOM kills are seen through eventfds "
+                                "only", self._kmsg_path, err)
+                    return
+                if not data:
+                    log.warning("%s was closed; OOM kills are seen through eventfds only",
+                                self._kmsg_path)
+                    return
+                for kill in parser.feed(data):
+                    await self._kernel_log_kill(kill)
+                await trio.lowlevel.checkpoint()
+        finally:
+            trio.lowlevel.notify_closing(fd)
+            os.close(fd)
+
+    async def _kernel_log_kill(self, kill: KernelOOM) -> None:
+        id = kill.container_id
+        self._kmsg[id] = self._kmsg.get(id, 0) + 1
+        if id in self._known:
+            await self._publish(id, kill)
+        else:
+            self._unresolved.append(kill)
+            self._relist_wanted.set()
+
+    # -- counting
+
+    async def _publish(self, id: str, kill: KernelOOM | None = None) -> None:
+        count = max(self._kernel.get(id, 0), self._kmsg.get(id, 0))
+        if count <= self._counts.get(id, 0):
+            return  # the other signal already counted this kill
+        self._counts[id] = count
+        if self._on_counts is not None:
+            self._on_counts(self.counts)
+        who = self._known.get(id, _Identity("", "", "", ""))
+        log.info("OOM kill in container %s (%s/%s %s)%s", id[:13], who.pod_namespace,
+                 who.pod_name, who.container_name,
+                 f": {kill.process} [{kill.pid}]" if kill else "")
+        if self._send is not None:
+            await self._send.send(OOMEvent(
+                container_id=id, pod_uid=who.pod_uid, pod_name=who.pod_name,
+                pod_namespace=who.pod_namespace, container_name=who.container_name,
+                time=self._wall_clock(), count=count,
+                process=kill.process if kill else "", pid=kill.pid if kill else 0,
+            ))
