@@ -76,7 +76,9 @@ async def test_agent_serves_the_kubelet_api(containerd, tmp_path):
 async def test_anonymous_requests_are_refused_by_default(containerd, tmp_path):
     port = free_port()
     flags = ("--address", "127.0.0.1", "--port", str(port), "--healthz-port", "0")
-    async with running_agent(containerd.endpoint, tmp_path, *flags):
-        async with httpx.AsyncClient(verify=False, timeout=10) as http:
-            response = await http.get(f"https://127.0.0.1:{port}/pods")
-            assert response.status_code == 401
+    async with (
+        running_agent(containerd.endpoint, tmp_path, *flags),
+        httpx.AsyncClient(verify=False, timeout=10) as http,
+    ):
+        response = await http.get(f"https://127.0.0.1:{port}/pods")
+        assert response.status_code == 401
