@@ -46,7 +46,8 @@ _SANDBOX_STATES: dict[int, SandboxState] = {
     upb.SANDBOX_READY: SandboxState.READY,
     upb.SANDBOX_NOTREADY: SandboxState.NOTREADY,
 }
-_NEWEST_FIRST = attrgetter("created_at")
+# Newest first; on a creation-time tie (a coarse clock) the higher attempt is the newer one.
+_NEWEST_FIRST = attrgetter("created_at", "attempt")
 
 
 class RuntimeReader(Protocol):

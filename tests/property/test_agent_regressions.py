@@ -1,0 +1,107 @@
+"""Bugs the agent state machine (test_agent_stateful.py) found, each as its smallest example.
+
+Every test drives the whole agent (sync loop, pod workers, PLEG, CRI client) on the fake
+runtime under trio's MockClock, like the state machine does. A test marked
+``xfail(strict=True)`` shows a bug that is still open: fixing it turns the test into an
+unexpected pass, which fails the run until the mark is removed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio.testing
+from agent_driver import Behaviour, ContainerPlan, PodPlan, open_node, put_pod
+
+from trio_kubelet.core.hashing import container_hash
+from trio_kubelet.model.pod import ContainerStatus
+from trio_kubelet.runtime.cri.runtime import v1
+
+
+def status_of(node_pod_status: list[ContainerStatus], name: str) -> ContainerStatus:
+    return next(s for s in node_pod_status if s.name == name)
+
+
+async def test_container_edited_at_the_instant_it_started_keeps_running(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Instances created at the same instant tie on created_at: the tie goes to the higher
+    attempt, so the real newest instance is not killed as a stale one (found by hypothesis)."""
+    async with open_node(autojump_clock) as node:
+        await node.start_agent()
+        plan = PodPlan("web", "Always", (ContainerPlan("main"),))
+        uid = await put_pod(node, plan)
+        edited = plan.with_container(ContainerPlan("main", version=1))
+        await put_pod(node, edited, gap=0.0)  # same virtual instant: instance 1 ties instance 0
+
+        await node.advance(120.0)
+        main = edited.pod().spec.containers[0]
+        live = [c for c in node.fake.cri_containers() if c.uid == uid and c.state.name ==
+                "CONTAINER_RUNNING"]
+        assert [(c.name, c.spec_hash) for c in live] == [("main", container_hash(main))]
+        assert node.agent is not None
+        stored = node.agent.store.get(uid)
+        assert stored is not None
+        main_status = status_of(stored.status.container_statuses, "main")
+        assert main_status.state.running is not None, main_status.state
+        assert main_status.restart_count == 1
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a new sandbox purges every instance of the regular init containers before starting "
+    "the first one; when that start is refused by crash-loop backoff, the next sync finds "
+    "no instance at all, so the init container restarts at once (backoff skipped) with "
+    "restart count 0. The Go kubelet recovers the count from the container log directory "
+    "(calcRestartCountByLogDir); the agent has nothing equivalent"))
+async def test_init_container_restart_count_survives_a_new_sandbox_during_backoff(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    plan = PodPlan("web", "Always", (ContainerPlan("main"),),
+                   init=ContainerPlan("init", Behaviour(exit_after=0.5, exit_code=1)))
+    async with open_node(autojump_clock) as node:
+        await node.start_agent()
+        uid = await put_pod(node, plan)
+        await node.advance(2.5)  # failed twice: restarted once, now in a 10 s backoff
+        init = [c for c in node.fake.cri_containers() if c.name == "init"]
+        assert [c.attempt for c in init] == [1]  # older exited instances are pruned
+        [sandbox] = node.fake.cri_sandboxes()
+        # The sandbox dies while the init container waits out its backoff.
+        node.fake.stop_pod_sandbox(v1.StopPodSandboxRequest(pod_sandbox_id=sandbox.id))
+
+        highest = 1
+        for _ in range(30):
+            await node.advance(1.0)
+            assert node.agent is not None
+            stored = node.agent.store.get(uid)
+            assert stored is not None
+            count = status_of(stored.status.init_container_statuses, "init").restart_count
+            assert count >= highest, f"init restart count went {highest} -> {count}"
+            highest = count
+        attempts = [c.attempt for c in node.fake.cri_containers() if c.name == "init"]
+        assert attempts and min(attempts) >= 2, attempts
+
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "compute_pod_actions never gives a Never pod a new sandbox once any container ran "
+    "(Go's rule, and Go's bug: kubernetes/kubernetes#118321, #79398, #77544); a sidecar "
+    "that ran is enough, so when the sandbox dies before the regular containers start "
+    "the pod stays Pending forever with nothing running and nothing left to do"))
+async def test_never_pod_whose_sandbox_dies_before_its_containers_run_does_not_hang(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    plan = PodPlan("job", "Never", (ContainerPlan("main"),), sidecar=ContainerPlan("proxy"))
+    async with open_node(autojump_clock) as node:
+        await node.start_agent()
+        uid = await put_pod(node, plan)  # the first sync starts the sidecar only
+        assert [c.name for c in node.fake.cri_containers()] == ["proxy"]
+        [sandbox] = node.fake.cri_sandboxes()
+        node.fake.stop_pod_sandbox(v1.StopPodSandboxRequest(pod_sandbox_id=sandbox.id))
+
+        await node.advance(120.0)
+        assert node.agent is not None
+        stored = node.agent.store.get(uid)
+        assert stored is not None
+        main = status_of(stored.status.container_statuses, "main")
+        # Either the pod gets a new sandbox and runs main, or it is reported finished.
+        assert main.state.running is not None or stored.status.phase == "Failed", (
+            stored.status.phase, main.state)
