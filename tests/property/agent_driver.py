@@ -31,7 +31,7 @@ from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.core.observed import RuntimePodStatus
 from trio_kubelet.events import Event, PodSetUpdate
 from trio_kubelet.images.manager import ImageManager
-from trio_kubelet.model.pod import Pod, PodStatus
+from trio_kubelet.model.pod import Pod, PodStatus, is_sidecar
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import WorkerContext
 from trio_kubelet.runtime import labels
@@ -51,14 +51,13 @@ SOURCE = "file"
 IMAGE = "busybox:1.36"
 EPOCH = 1_700_000_000.0
 CRI_TIMEOUT = 5.0
-# Virtual time that passes before every change the test makes (a pod set sent, an
-# agent started). Without it two instances of one container can get the same
-# created_at, and the agent then takes the older one for the newest and wedges the
-# container; test_agent_regressions.py shows it. Set it to 0 once that is fixed.
-INSTANT_GAP = 0.01
 # Real seconds one portal call may take; longer means the agent spins at a fixed
 # virtual time (it never lets every task block), which is a bug of its own.
 REAL_TIMEOUT = 60.0
+
+# The prefix of the violation the known bug of
+# test_new_sandbox_runs_the_init_container_before_the_sidecar_and_the_app causes.
+INIT_SKIPPED = "init container skipped"
 
 RUNNING = v1.ContainerState.CONTAINER_RUNNING
 EXITED = v1.ContainerState.CONTAINER_EXITED
@@ -198,9 +197,9 @@ class RecordingFake(FakeRuntime):
     successful call of a method (before the agent sees the answer).
     """
 
-    def __init__(self, clock: Callable[[], float], policy_of: Callable[[str], str | None]) -> None:
+    def __init__(self, clock: Callable[[], float], pod_of: Callable[[str], Pod | None]) -> None:
         super().__init__(clock)
-        self.policy_of = policy_of
+        self.pod_of = pod_of  # the pod the source wants now, by UID
         self.violations: list[str] = []
         self.stopped_running: set[str] = set()  # containers the agent stopped while running
         self._armed: tuple[str, Callable[[], None]] | None = None
@@ -210,10 +209,6 @@ class RecordingFake(FakeRuntime):
 
     def disarm(self) -> None:
         self._armed = None
-
-    @property
-    def armed(self) -> bool:
-        return self._armed is not None
 
     def _fire(self, method: str) -> None:
         if self._armed is not None and self._armed[0] == method:
@@ -225,7 +220,9 @@ class RecordingFake(FakeRuntime):
         selector = {labels.POD_UID: uid, labels.CONTAINER_NAME: name}
         listed = self.list_containers(
             v1.ListContainersRequest(filter=v1.ContainerFilter(label_selector=selector)))
-        return sorted(listed.containers, key=lambda c: c.created_at)
+        # Oldest first; instances made at one (virtual) instant are ordered by attempt.
+        return sorted(listed.containers,
+                      key=lambda c: (c.created_at, c.metadata.attempt if c.metadata else 0))
 
     def create_container(self, request: v1.CreateContainerRequest) -> v1.CreateContainerResponse:
         config = request.config
@@ -266,7 +263,8 @@ class RecordingFake(FakeRuntime):
             return  # the agent replaced it because its spec changed
         exit_code = self._status(newest.id).exit_code
         same_sandbox = newest.pod_sandbox_id == request.pod_sandbox_id
-        policy = self.policy_of(uid)
+        pod = self.pod_of(uid)
+        policy = pod.spec.restart_policy if pod is not None else None
         why = ""
         if policy == "Never":
             why = "under policy Never"
@@ -288,8 +286,29 @@ class RecordingFake(FakeRuntime):
         if len(live) > 1:
             self.violations.append(
                 f"pod {uid} container {name}: {len(live)} running instances after StartContainer")
+        if started.annotations.get(labels.CONTAINER_TYPE) == "regular":
+            self._check_initialized(uid, name, self._sandbox_of(request.container_id))
         self._fire("StartContainer")
         return response
+
+    def _sandbox_of(self, container_id: str) -> str:
+        listed = self.list_containers(
+            v1.ListContainersRequest(filter=v1.ContainerFilter(id=container_id)))
+        return listed.containers[0].pod_sandbox_id
+
+    def _check_initialized(self, uid: str, name: str, sandbox_id: str) -> None:
+        """Every regular init container succeeded in this sandbox before ``name`` starts."""
+        pod = self.pod_of(uid)
+        for init in pod.spec.init_containers if pod is not None else ():
+            if is_sidecar(init):
+                continue
+            done = [c for c in self.instances(uid, init.name)
+                    if c.pod_sandbox_id == sandbox_id and c.state == EXITED
+                    and self._status(c.id).exit_code == 0]
+            if not done:
+                self.violations.append(
+                    f"{INIT_SKIPPED}: pod {uid} container {name} started in sandbox "
+                    f"{sandbox_id[:12]} where init container {init.name} has not succeeded")
 
     def stop_container(self, request: v1.StopContainerRequest) -> v1.StopContainerResponse:
         with suppress(CRIError):  # an unknown ID: the call below answers NOT_FOUND
@@ -334,7 +353,7 @@ class RecordingFake(FakeRuntime):
                 state=c.state, exit_code=status.exit_code, reason=status.reason,
                 spec_hash=c.annotations.get(labels.CONTAINER_HASH, ""),
                 created_at=c.created_at, sandbox_id=c.pod_sandbox_id))
-        return sorted(found, key=lambda c: c.created_at)
+        return sorted(found, key=lambda c: (c.created_at, c.attempt))
 
     def cri_sandboxes(self) -> list[CriSandbox]:
         return [CriSandbox(id=s.id, uid=s.labels.get(labels.POD_UID, ""), state=s.state,
@@ -418,7 +437,6 @@ class Node:
 
     async def start_agent(self) -> Agent:
         assert self.agent is None or self.agent.done.is_set()
-        await self.advance(INSTANT_GAP)
         self._runs += 1
         agent: Agent = await self._nursery.start(self._run_agent, self._runs)
         self.agent = agent
@@ -451,9 +469,8 @@ class Node:
         self.fake.disarm()
         await self.quiesce()
 
-    async def publish(self, *, gap: float = INSTANT_GAP) -> None:
-        """After ``gap``, the file source reports its current pod set to the running agent."""
-        await self.advance(gap)
+    async def publish(self) -> None:
+        """The file source reports its current pod set to the running agent."""
         if self.agent is not None and not self.agent.done.is_set():
             pods = sorted(self.desired.values(), key=lambda p: p.metadata.name)
             await self.agent.send.send(PodSetUpdate(source=SOURCE, pods=pods))
@@ -494,11 +511,7 @@ async def open_node(clock: trio.testing.MockClock) -> AsyncIterator[Node]:
     wall = TrioWallClock(epoch=EPOCH)
     desired: dict[str, Pod] = {}
 
-    def policy_of(uid: str) -> str | None:
-        pod = desired.get(uid)
-        return pod.spec.restart_policy if pod is not None else None
-
-    fake = RecordingFake(wall.now, policy_of)
+    fake = RecordingFake(wall.now, desired.get)
     socket = root / "cri.sock"
     try:
         async with serve_fake_runtime(socket, fake), trio.open_nursery() as nursery:
@@ -514,13 +527,13 @@ async def open_node(clock: trio.testing.MockClock) -> AsyncIterator[Node]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-async def put_pod(node: Node, plan: PodPlan, *, gap: float = INSTANT_GAP) -> str:
+async def put_pod(node: Node, plan: PodPlan) -> str:
     """Script the pod's containers on the fake and add (or update) it in the source's set."""
     for container, _ in each_pod_container(plan):
         node.fake.script(plan.full_name, container.name, container.behaviour.script())
     pod = plan.pod()
     node.desired[pod.metadata.uid] = pod
-    await node.publish(gap=gap)
+    await node.publish()
     return pod.metadata.uid
 
 

@@ -31,7 +31,7 @@ async def test_container_edited_at_the_instant_it_started_keeps_running(
         plan = PodPlan("web", "Always", (ContainerPlan("main"),))
         uid = await put_pod(node, plan)
         edited = plan.with_container(ContainerPlan("main", version=1))
-        await put_pod(node, edited, gap=0.0)  # same virtual instant: instance 1 ties instance 0
+        await put_pod(node, edited)  # same virtual instant: instance 1 ties instance 0
 
         await node.advance(120.0)
         main = edited.pod().spec.containers[0]
@@ -46,15 +46,11 @@ async def test_container_edited_at_the_instant_it_started_keeps_running(
         assert main_status.restart_count == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a new sandbox purges every instance of the regular init containers before starting "
-    "the first one; when that start is refused by crash-loop backoff, the next sync finds "
-    "no instance at all, so the init container restarts at once (backoff skipped) with "
-    "restart count 0. The Go kubelet recovers the count from the container log directory "
-    "(calcRestartCountByLogDir); the agent has nothing equivalent"))
 async def test_init_container_restart_count_survives_a_new_sandbox_during_backoff(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
+    """The count resumes from the container's log files when a new sandbox purged every
+    instance, as Go's calcRestartCountByLogDir (found by hypothesis)."""
     plan = PodPlan("web", "Always", (ContainerPlan("main"),),
                    init=ContainerPlan("init", Behaviour(exit_after=0.5, exit_code=1)))
     async with open_node(autojump_clock) as node:
@@ -105,3 +101,29 @@ async def test_never_pod_whose_sandbox_dies_before_its_containers_run_does_not_h
         # Either the pod gets a new sandbox and runs main, or it is reported finished.
         assert main.state.running is not None or stored.status.phase == "Failed", (
             stored.status.phase, main.state)
+
+
+async def test_new_sandbox_runs_the_init_container_before_the_sidecar_and_the_app(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A new sandbox purges every old init instance, sidecars too (found by hypothesis)."""
+    plan = PodPlan("web", "Always", (ContainerPlan("app"),),
+                   init=ContainerPlan("setup", Behaviour(exit_after=0.5)),
+                   sidecar=ContainerPlan("proxy"), sidecar_first=False)
+    async with open_node(autojump_clock) as node:
+        await node.start_agent()
+        await put_pod(node, plan)
+        for _ in range(2):  # the second time, setup's restart is in its 10 s backoff
+            await node.advance(4.0)
+            assert {c.name for c in node.fake.cri_containers()
+                    if c.state.name == "CONTAINER_RUNNING"} == {"proxy", "app"}
+            newest = max(node.fake.cri_sandboxes(), key=lambda s: s.attempt)
+            node.fake.stop_pod_sandbox(v1.StopPodSandboxRequest(pod_sandbox_id=newest.id))
+
+        await node.advance(60.0)
+        newest = max(node.fake.cri_sandboxes(), key=lambda s: s.attempt)
+        assert newest.attempt == 2
+        inside = {c.name: c for c in node.fake.cri_containers() if c.sandbox_id == newest.id}
+        assert set(inside) == {"setup", "proxy", "app"}, "setup never ran in the new sandbox"
+        assert inside["setup"].exit_code == 0
+        assert inside["setup"].created_at < inside["proxy"].created_at < inside["app"].created_at

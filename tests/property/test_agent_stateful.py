@@ -7,14 +7,20 @@ in a background thread (see `agent_driver`). Rules change what the file source w
 OOM-killed, a sandbox dies), let virtual time pass, and restart the agent, cleanly or
 by killing it right after one of its CRI calls; the new run must adopt what is there.
 
-After every step, at a quiescent point, the invariants hold: at most one running
-instance per pod and container name, attempt numbers only grow, one ready sandbox at
-most, restart counts never go down, phases only move forward, a removed pod leaves
-nothing behind, and (checked by the fake at each call) policy Never never restarts a
-container that exited. When the steps are done the world stops changing and every pod
-must reach the steady state its spec and history call for, with nothing left to do.
-"""
+Checked by the fake at each call: at most one running instance per pod and container
+name, attempt numbers only grow, no restart the policy forbids (any exited container
+under Never, a succeeded one under OnFailure, a succeeded init container in the same
+sandbox), and regular containers start only once the init containers have succeeded
+in their sandbox. Checked after every step, at a quiescent point: the same on the CRI
+state, one ready sandbox at most, restart counts never go down, phases only move
+forward (Pending -> Running -> Succeeded/Failed), no status for pods nobody wants, and
+a removed pod leaves nothing behind. When the steps are done the world stops changing
+(every container runs or completes from then on) and every pod must reach the steady
+state its policy and history call for, with nothing left for a further sync to do.
 
+Known bugs, each shown by a strict xfail in test_agent_regressions.py, are tolerated
+here through the ``TOLERATE_*`` switches below so this test can guard everything else.
+"""
 from __future__ import annotations
 
 import os
@@ -23,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from agent_driver import (
+    INIT_SKIPPED,
     READY,
     RUNNING,
     RUNS,
@@ -64,6 +71,10 @@ TOLERATE_INIT_RESTART_COUNT_RESET = True
 # test_never_pod_whose_sandbox_dies_before_its_containers_run_does_not_hang in
 # test_agent_regressions.py). Set to False once it is fixed.
 TOLERATE_NEVER_POD_STUCK_PENDING = True
+# After a new sandbox, a regular init container declared before a sidecar can be
+# skipped (a known bug: test_new_sandbox_runs_the_init_container_before_the_sidecar_and_
+# the_app in test_agent_regressions.py). Set to False once it is fixed.
+TOLERATE_INIT_SKIPPED_BEFORE_SIDECAR = True
 PHASE_RANK = {"Pending": 0, "Running": 1, "Succeeded": 2, "Failed": 2}
 
 # -- pod plans ----------------------------------------------------------------------------------
@@ -151,8 +162,11 @@ def steady_state_problems(pod: Pod, runtime: RuntimePodStatus, phase: str | None
             if not ok:
                 problems.append(f"{container.name} should run or have finished under "
                                 f"{policy}, newest is {newest(container.name)}")
-        for init in spec.init_containers:
+        for index, init in enumerate(spec.init_containers):
             found = runtime.find(init.name)
+            if (TOLERATE_INIT_SKIPPED_BEFORE_SIDECAR and found is None
+                    and any(is_sidecar(c) for c in spec.init_containers[index:])):
+                continue  # the known bug: accept it
             if not is_sidecar(init) and regular and (
                     found is None or found.state is not ContainerState.EXITED
                     or found.exit_code != 0):
@@ -419,7 +433,10 @@ class AgentMachine(RuleBasedStateMachine):
     def agent_keeps_the_rules(self) -> None:
         with self.step():
             snapshot = self.portal.call(lambda node: _async(node.snapshot()))
-            assert not snapshot.violations, snapshot.violations
+            violations = [v for v in snapshot.violations
+                          if not (TOLERATE_INIT_SKIPPED_BEFORE_SIDECAR
+                                  and v.startswith(INIT_SKIPPED))]
+            assert not violations, violations
             self._check_containers(snapshot)
             self._check_statuses(snapshot)
             for uid in self.gone:

@@ -407,3 +407,12 @@ async def test_pull_backoff_of_one_pod_does_not_hold_back_another(
         failed = await node.wait_for(other_uid, reported)
         assert waiting_reason(failed) == "ErrImagePull"
         assert node.fake.calls["PullImage"] == 2
+
+
+def test_restart_count_from_logs_resumes_after_the_highest_log(tmp_path: Path) -> None:
+    from trio_kubelet.reconcile.workers import restart_count_from_logs
+
+    assert restart_count_from_logs(tmp_path / "missing") == 0
+    for name in ("0.log", "1.log", "4.log", "notes.txt", "x.log"):
+        (tmp_path / name).write_text("")
+    assert restart_count_from_logs(tmp_path) == 5

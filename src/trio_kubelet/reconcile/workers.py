@@ -304,11 +304,15 @@ class PodWorker:
             result.errors[container.name] = (err.reason, err.message)
             result.retry_in(SYNC_ERROR_RETRY)
             return False
-        restart_count = newest.restart_count + 1 if newest is not None else 0
+        log_dir = Path(sandbox.log_directory) / container.name
+        if newest is not None:
+            restart_count = newest.restart_count + 1
+        else:  # every instance was removed (a new sandbox purges init containers)
+            restart_count = restart_count_from_logs(log_dir)
         config = configs.container_config(
             pod, container, kind=kind, image_ref=image_ref, restart_count=restart_count
         )
-        (Path(sandbox.log_directory) / container.name).mkdir(parents=True, exist_ok=True)
+        log_dir.mkdir(parents=True, exist_ok=True)
         try:
             container_id = await ctx.client.create_container(sandbox_id, config, sandbox)
         except CRIError as err:
@@ -383,10 +387,12 @@ class PodWorker:
     async def _remove_init_containers(
         self, pod: Pod, runtime: RuntimePodStatus, *, keep_newest: bool
     ) -> None:
-        """Remove exited instances of regular init containers (all, or all but the newest)."""
+        """Remove exited init container instances, sidecars included (all, or all but the newest).
+
+        With a new sandbox every old instance goes (Go's purgeInitContainers), or a
+        sidecar's exit in the dead sandbox would count as progress in the new one.
+        """
         for init in pod.spec.init_containers:
-            if is_sidecar(init):
-                continue
             exited = [c for c in runtime.instances(init.name) if c.state is ContainerState.EXITED]
             for instance in exited[1:] if keep_newest else exited:
                 await self._ctx.client.remove_container(instance.id)
@@ -434,6 +440,18 @@ class PodWorker:
             ctx.recorder.add(lambda: StatusRecord(t=t, uid=self.uid, pod=name, status=wire))
         self._status = status
         ctx.store.set(pod, status)
+
+
+def restart_count_from_logs(log_dir: Path) -> int:
+    """The next restart count from the container's log files ``<n>.log`` (calcRestartCountByLogDir).
+
+    Keeps restart counts rising when no instance is left to carry the count.
+    """
+    try:
+        counts = [int(p.stem) for p in log_dir.glob("*.log") if p.stem.isdigit()]
+    except OSError:
+        return 0
+    return max(counts) + 1 if counts else 0
 
 
 def _specs_by_name(pod: Pod | None) -> dict[str, Container]:

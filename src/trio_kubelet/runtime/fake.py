@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import json
 import math
@@ -518,6 +519,10 @@ class FakeRuntime:
         log_path = ""
         if sandbox.config.log_directory and config.log_path:
             log_path = os.path.join(sandbox.config.log_directory, config.log_path)
+            # containerd creates the (empty) log file with the container; the agent reads
+            # restart counts from these names when no instance is left.
+            with contextlib.suppress(OSError):
+                open(log_path, "a").close()
         linux = config.linux.resources if config.linux is not None else None
         self._names[name_key] = id
         self._containers[id] = _Container(

@@ -1,0 +1,349 @@
+"""HTTP API latency with 110 pods: p50/p99 of /healthz, /pods, /stats/summary, /metrics/cadvisor.
+
+Runs the agent as its own process, like ``bench_steady_state.py`` (``python -m trio_kubelet`` on
+110 busybox ``sleep 3600`` manifests, the fake runtime served by ``bench/fake_runtime_server.py``
+in a third process), with its servers on 127.0.0.1 only: the authenticated HTTPS port
+(``--authorization-mode AlwaysAllow --anonymous-auth=true``), the read-only port and the healthz
+port, all on free ports picked here. Once ``/pods`` lists every pod Running and
+``/stats/summary`` answers 200, this process drives 50 concurrent clients (one httpx
+``AsyncClient`` each, trio, keep-alive) against each endpoint in turn:
+
+- ``flat``: plain HTTP on the read-only port, ``--requests`` requests per endpoint, 50 in flight;
+- ``flat_https``: the same on the authenticated port (TLS, ``verify=False``);
+- ``paced``: plain HTTP, each of the 50 clients sends one request every 0.5 s for ``--paced``
+  seconds (100 requests/s), since flat-out load on 2 vCPUs measures the load generator too.
+
+Each client first sends one unmeasured request (opening its keep-alive connection, TLS included),
+then all start together. Any non-200 answer or exception counts as an error. Per endpoint and
+mode, ``agent_cpu_percent_of_core`` is the agent's utime+stime over the run and
+``load_generator_cpu_percent_of_core`` this process's CPU: near 100 means the flat-out numbers
+measure the client as much as the agent. The fake runtime's cgroups do not exist, so the summary
+carries few figures; ``summary_at_ready_*`` and ``summary_at_end_*`` report what it holds.
+Prints one JSON object. Usage:
+``python bench/bench_http.py [--pods 110] [--clients 50] [--requests 1000] [--paced 10]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+from bench_steady_state import cpu_seconds, fake_runtime, stop_process, tree_version
+
+NODE = "bench"
+IMAGE = "docker.io/library/busybox:1.36"
+ENDPOINTS = ("/healthz", "/pods", "/stats/summary", "/metrics/cadvisor")
+KEYS = {"/healthz": "healthz", "/pods": "pods", "/stats/summary": "summary",
+        "/metrics/cadvisor": "cadvisor"}
+TARGETS = {"healthz_p99_ms": 5, "pods_p99_ms": 50, "summary_p99_ms": 100, "cadvisor_p99_ms": 100}
+REQUEST_TIMEOUT = 30.0
+PHASE_TIMEOUT = 300.0
+
+MANIFEST = """\
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  labels: {{app: http}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: sleep
+    image: {image}
+    imagePullPolicy: IfNotPresent
+    command: ["sleep", "3600"]
+"""
+
+
+def free_ports(count: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def percentile(sorted_ms: list[float], q: float) -> float:
+    if not sorted_ms:
+        return float("nan")
+    return round(sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))], 2)
+
+
+# --- readiness --------------------------------------------------------------------------------
+
+
+async def wait_ready(httpx: Any, base: str, pods: int, agent: subprocess.Popen[Any],
+                     timeout: float, agent_log: Path) -> dict[str, Any]:
+    start = time.monotonic()
+    pods_ready_at = None
+    async with httpx.AsyncClient(base_url=base, timeout=REQUEST_TIMEOUT) as client:
+        while True:
+            if agent.poll() is not None:
+                raise RuntimeError(f"the agent exited ({agent.returncode}):\n"
+                                   f"{agent_log.read_text(errors='replace')[-3000:]}")
+            running = 0
+            summary_status = None
+            try:
+                answer = await client.get("/pods")
+                if answer.status_code == 200:
+                    running = sum(1 for item in answer.json().get("items") or []
+                                  if (item.get("status") or {}).get("phase") == "Running")
+                if running >= pods and pods_ready_at is None:
+                    pods_ready_at = time.monotonic() - start
+                summary = await client.get("/stats/summary")
+                summary_status = summary.status_code
+            except httpx.HTTPError:
+                pass
+            if pods_ready_at is not None and summary_status == 200:
+                return {"all_running_after_s": round(pods_ready_at, 1),
+                        "summary_ready_after_s": round(time.monotonic() - start, 1),
+                        "summary": summary.json()}
+            if time.monotonic() - start > timeout:
+                raise RuntimeError(f"not ready after {timeout}s: {running}/{pods} running, "
+                                   f"/stats/summary {summary_status}; agent log: {agent_log}")
+            await trio.sleep(0.5)
+
+
+def describe_summary(summary: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """What the summary holds: with the fake runtime the pods' cgroups do not exist."""
+    pods = summary.get("pods") or []
+    node = summary.get("node") or {}
+    figures = {
+        "pods": len(pods),
+        "pods_with_cpu": sum(1 for pod in pods
+                             if (pod.get("cpu") or {}).get("usageNanoCores") is not None),
+        "containers": sum(len(pod.get("containers") or []) for pod in pods),
+        "node_has_cpu": (node.get("cpu") or {}).get("usageNanoCores") is not None,
+        "node_has_memory": (node.get("memory") or {}).get("workingSetBytes") is not None,
+    }
+    return {prefix + key: value for key, value in figures.items()}
+
+
+# --- load -------------------------------------------------------------------------------------
+
+
+async def drive(httpx: Any, base: str, path: str, clients: int, *, total: int | None = None,
+                period: float | None = None, duration: float | None = None) -> dict[str, Any]:
+    """``total`` requests flat out over ``clients`` connections, or each client every ``period``
+    seconds for ``duration`` seconds. Returns latencies and errors."""
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    sizes: list[int] = []
+    remaining = [total or 0]
+    attempts = [0]
+    warm = [0]
+    warmed = trio.Event()
+    started = [0.0]
+
+    def error(kind: str) -> None:
+        errors[kind] = errors.get(kind, 0) + 1
+
+    async def one(client: Any) -> None:
+        attempts[0] += 1
+        start = time.perf_counter()
+        try:
+            answer = await client.get(path)
+            body = answer.content
+        except httpx.HTTPError as exc:
+            error(type(exc).__name__)
+            return
+        latencies.append((time.perf_counter() - start) * 1000)
+        sizes.append(len(body))
+        if answer.status_code != 200:
+            error(f"status {answer.status_code}")
+
+    async def worker(index: int) -> None:
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        async with httpx.AsyncClient(base_url=base, verify=False, timeout=REQUEST_TIMEOUT,
+                                     limits=limits) as client:
+            # One unmeasured request opens the keep-alive connection (TCP, TLS handshake).
+            try:
+                await client.get(path)
+            except httpx.HTTPError as exc:
+                error(f"warm-up {type(exc).__name__}")
+            warm[0] += 1
+            if warm[0] == clients:
+                started[0] = time.perf_counter()
+                warmed.set()
+            await warmed.wait()
+            if period is None:
+                while remaining[0] > 0:
+                    remaining[0] -= 1
+                    await one(client)
+                return
+            assert duration is not None
+            # Spread the clients' phases over the period so the load is even.
+            next_at = trio.current_time() + period * index / clients
+            end = trio.current_time() + duration
+            while next_at < end:
+                await trio.sleep_until(next_at)
+                await one(client)
+                next_at += period
+
+    start = time.perf_counter()
+    with trio.move_on_after(PHASE_TIMEOUT) as scope:
+        async with trio.open_nursery() as nursery:
+            for index in range(clients):
+                nursery.start_soon(worker, index)
+    elapsed = time.perf_counter() - (started[0] or start)
+    if scope.cancelled_caught:
+        error("phase timeout")
+    latencies.sort()
+    return {
+        "requests": attempts[0],
+        "errors": sum(errors.values()),
+        "error_kinds": errors,
+        "p50_ms": percentile(latencies, 0.50),
+        "p99_ms": percentile(latencies, 0.99),
+        "max_ms": round(latencies[-1], 2) if latencies else None,
+        "requests_per_s": round(len(latencies) / elapsed, 1) if elapsed > 0 else None,
+        "body_bytes": sizes[-1] if sizes else None,
+    }
+
+
+async def phase(httpx: Any, base: str, agent_pid: int, clients: int,
+                **how: Any) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for path in ENDPOINTS:
+        cpu0, own0, t0 = cpu_seconds(agent_pid), time.process_time(), time.monotonic()
+        result = await drive(httpx, base, path, clients, **how)
+        seconds = time.monotonic() - t0
+        result["agent_cpu_percent_of_core"] = round(
+            100 * (cpu_seconds(agent_pid) - cpu0) / seconds, 1)
+        result["load_generator_cpu_percent_of_core"] = round(
+            100 * (time.process_time() - own0) / seconds, 1)
+        results[KEYS[path]] = result
+        await trio.sleep(1.0)  # let the agent's backlog (if any) drain between endpoints
+    return results
+
+
+def verdicts(results: dict[str, Any]) -> dict[str, bool]:
+    met = {}
+    for key, target in TARGETS.items():
+        figures = results[key.removesuffix("_p99_ms")]
+        met[key] = figures["errors"] == 0 and figures["p99_ms"] <= target
+    return met
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace, httpx: Any) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="tkb-http-", dir="/tmp"))
+    manifests = workdir / "manifests"
+    manifests.mkdir()
+    for index in range(args.pods):
+        name = f"http-{index:03d}"
+        (manifests / f"{name}.yaml").write_text(MANIFEST.format(name=name, image=IMAGE))
+    agent_log = workdir / "agent.log"
+    port, read_only_port, healthz_port = free_ports(3)
+    result: dict[str, Any] = {"bench": "http", "pods": args.pods, "runtime": "fake",
+                              "clients": args.clients}
+    try:
+        with fake_runtime(workdir) as (endpoint, _runtime_proc):
+            with agent_log.open("w") as log:
+                agent = subprocess.Popen(
+                    [sys.executable, "-m", "trio_kubelet",
+                     "--pod-manifest-path", str(manifests),
+                     "--container-runtime-endpoint", endpoint,
+                     "--root-dir", str(workdir / "root"),
+                     "--pod-logs-dir", str(workdir / "pod-logs"),
+                     "--hostname-override", NODE, "--node-ip", "127.0.0.1",
+                     "--address", "127.0.0.1", "--port", str(port),
+                     "--read-only-port", str(read_only_port),
+                     "--healthz-port", str(healthz_port),
+                     "--authorization-mode", "AlwaysAllow", "--anonymous-auth=true"],
+                    stdout=log, stderr=subprocess.STDOUT)
+            try:
+                http_base = f"http://127.0.0.1:{read_only_port}"
+                https_base = f"https://127.0.0.1:{port}"
+
+                async def main() -> None:
+                    ready = await wait_ready(httpx, http_base, args.pods, agent,
+                                             args.start_timeout, agent_log)
+                    result["all_running_after_s"] = ready["all_running_after_s"]
+                    result["summary_ready_after_s"] = ready["summary_ready_after_s"]
+                    result.update(describe_summary(ready["summary"], "summary_at_ready_"))
+                    await trio.sleep(args.settle)
+                    result["flat"] = await phase(httpx, http_base, agent.pid, args.clients,
+                                                 total=args.requests)
+                    result["flat_https"] = await phase(httpx, https_base, agent.pid,
+                                                       args.clients, total=args.requests)
+                    result["paced"] = await phase(httpx, http_base, agent.pid, args.clients,
+                                                  period=0.5, duration=args.paced)
+                    async with httpx.AsyncClient(base_url=http_base,
+                                                 timeout=REQUEST_TIMEOUT) as client:
+                        answer = await client.get("/stats/summary")
+                    answer.raise_for_status()
+                    result.update(describe_summary(answer.json(), "summary_at_end_"))
+
+                trio.run(main)
+                if agent.poll() is not None:
+                    raise RuntimeError(f"the agent exited during the run ({agent.returncode})")
+            finally:
+                stop_process(agent)
+    finally:
+        text = agent_log.read_text(errors="replace") if agent_log.exists() else ""
+        result["agent_log_warnings"] = sum(1 for line in text.splitlines()
+                                           if line[:1] in ("W", "E"))
+        if args.keep:
+            result["workdir"] = str(workdir)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    result["targets"] = TARGETS
+    result["targets_met"] = {mode: verdicts(result[mode])
+                             for mode in ("flat", "flat_https", "paced")}
+    result["errors_total"] = sum(result[mode][key]["errors"]
+                                 for mode in ("flat", "flat_https", "paced")
+                                 for key in KEYS.values())
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=110)
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--requests", type=int, default=1000,
+                        help="requests per endpoint in the flat modes")
+    parser.add_argument("--paced", type=float, default=10.0,
+                        help="seconds per endpoint in the paced mode (one request/client/0.5 s)")
+    parser.add_argument("--settle", type=float, default=3.0)
+    parser.add_argument("--start-timeout", type=float, default=180.0)
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print(json.dumps({"bench": "http", "skipped": "needs root"}))
+        return
+    try:
+        import httpx
+    except ImportError:
+        print(json.dumps({"bench": "http", "skipped": "httpx not installed"}))
+        return
+    load_at_start = round(os.getloadavg()[0], 2)
+    result = run(args, httpx)
+    result["tree"] = tree_version()
+    result["loadavg_1m_at_start"] = load_at_start
+    result["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    result["cpus"] = os.cpu_count()
+    result["python"] = platform.python_version()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
