@@ -55,12 +55,9 @@ CRI_TIMEOUT = 5.0
 # virtual time (it never lets every task block), which is a bug of its own.
 REAL_TIMEOUT = 60.0
 
-# The prefix of the violation the known bug of
-# test_new_sandbox_runs_the_init_container_before_the_sidecar_and_the_app causes.
-INIT_SKIPPED = "init container skipped"
-
 RUNNING = v1.ContainerState.CONTAINER_RUNNING
 EXITED = v1.ContainerState.CONTAINER_EXITED
+CREATED = v1.ContainerState.CONTAINER_CREATED
 READY = v1.PodSandboxState.SANDBOX_READY
 
 # -- what the test asks for -------------------------------------------------------------------
@@ -307,7 +304,7 @@ class RecordingFake(FakeRuntime):
                     and self._status(c.id).exit_code == 0]
             if not done:
                 self.violations.append(
-                    f"{INIT_SKIPPED}: pod {uid} container {name} started in sandbox "
+                    f"pod {uid} container {name} started in sandbox "
                     f"{sandbox_id[:12]} where init container {init.name} has not succeeded")
 
     def stop_container(self, request: v1.StopContainerRequest) -> v1.StopContainerResponse:

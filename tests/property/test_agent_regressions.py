@@ -127,3 +127,99 @@ async def test_new_sandbox_runs_the_init_container_before_the_sidecar_and_the_ap
         assert set(inside) == {"setup", "proxy", "app"}, "setup never ran in the new sandbox"
         assert inside["setup"].exit_code == 0
         assert inside["setup"].created_at < inside["proxy"].created_at < inside["app"].created_at
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "an agent restarted while a pod's sandbox is being re-created (its init containers and "
+    "sidecars already purged) has no previous status for the purged containers: their "
+    "restart counts read 0 and the sidecar, with no instance and no last state, counts as "
+    "never started, so a Running pod is reported Pending until everything runs again (Go "
+    "keeps both through the status it had: the API server's, or the mirror pod's)"))
+async def test_agent_restart_during_a_sandbox_re_creation_keeps_phase_and_restart_counts(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    plan = PodPlan("web", "Always", (ContainerPlan("app"),),
+                   init=ContainerPlan("setup", Behaviour(exit_after=0.5)),
+                   sidecar=ContainerPlan("proxy"), sidecar_first=False)
+    async with open_node(autojump_clock) as node:
+        await node.start_agent()
+        uid = await put_pod(node, plan)
+
+        def status() -> dict[str, object]:
+            assert node.agent is not None
+            stored = node.agent.store.get(uid)
+            assert stored is not None
+            counts = {c.name: c.restart_count for c in (*stored.status.init_container_statuses,
+                                                          *stored.status.container_statuses)}
+            return {"phase": stored.status.phase, **counts}
+
+        async def sandbox_dies() -> None:
+            newest = max(node.fake.cri_sandboxes(), key=lambda s: s.attempt)
+            node.fake.stop_pod_sandbox(v1.StopPodSandboxRequest(pod_sandbox_id=newest.id))
+
+        await node.advance(4.0)
+        await sandbox_dies()  # a new sandbox: everything runs again, once restarted
+        await node.advance(5.0)
+        before = status()
+        assert before == {"phase": "Running", "setup": 1, "proxy": 1, "app": 1}
+
+        await sandbox_dies()
+        agent = node.agent
+        assert agent is not None
+        node.crash_agent_at("RunPodSandbox")  # after the old instances were purged
+
+        async def died() -> bool:
+            return agent.done.is_set()
+
+        assert await node.wait_until(died, 5.0)
+        await node.start_agent()
+        await node.publish()
+        after = status()
+        assert after["phase"] == "Running", after
+        assert all(after[name] >= before[name] for name in ("setup", "proxy", "app")), after
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a container left CREATED by an agent killed between CreateContainer and StartContainer "
+    "is never removed, and a new sandbox's purge of init containers only removes EXITED "
+    "instances (Go's purgeInitContainers removes every instance); when an agent restart "
+    "then follows the purge, that stale CREATED instance is the newest one the agent finds "
+    "and the sidecar restarts with its old, lower restart count"))
+async def test_stale_created_sidecar_instance_does_not_roll_back_its_restart_count(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    plan = PodPlan("web", "Always", (ContainerPlan("app"),), sidecar=ContainerPlan("proxy"))
+    async with open_node(autojump_clock) as node:
+
+        async def restart_the_dead_agent() -> None:
+            agent = node.agent
+            assert agent is not None
+
+            async def died() -> bool:
+                return agent.done.is_set()
+
+            assert await node.wait_until(died, 5.0)
+            await node.start_agent()
+            await node.publish()
+
+        def proxy_restarts() -> int:
+            assert node.agent is not None
+            stored = node.agent.store.get(uid)
+            assert stored is not None
+            return status_of(stored.status.init_container_statuses, "proxy").restart_count
+
+        await node.start_agent()
+        node.crash_agent_at("CreateContainer")
+        uid = await put_pod(node, plan)  # the agent dies: proxy instance 0 stays CREATED
+        await restart_the_dead_agent()
+        await node.advance(3.0)  # proxy instance 1 and app run
+        await put_pod(node, plan.with_container(ContainerPlan("proxy", version=1)))
+        await node.advance(3.0)  # proxy instance 2 runs the edited spec
+        assert proxy_restarts() == 2
+
+        newest = max(node.fake.cri_sandboxes(), key=lambda s: s.attempt)
+        node.fake.stop_pod_sandbox(v1.StopPodSandboxRequest(pod_sandbox_id=newest.id))
+        node.crash_agent_at("RunPodSandbox")  # the purge is done, the new sandbox made
+        await restart_the_dead_agent()
+        await node.advance(3.0)
+        assert proxy_restarts() >= 2
