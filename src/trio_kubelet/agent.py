@@ -13,27 +13,36 @@ from typing import Any
 import trio
 
 from trio_kubelet import __version__
+from trio_kubelet.apiserver.client import APIClient
+from trio_kubelet.apiserver.kubeconfig import load_kubeconfig
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.config import AgentOptions
+from trio_kubelet.core.phase import rfc3339
 from trio_kubelet.events import Event, ResyncTick
 from trio_kubelet.images.manager import ImageManager
+from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
+from trio_kubelet.model.pod import Pod
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import WorkerContext
 from trio_kubelet.replay.recorder import Recorder
 from trio_kubelet.replay.records import Header
 from trio_kubelet.runtime.client import CRIClient, Observer, open_cri_client
 from trio_kubelet.runtime.errors import CRIError
+from trio_kubelet.server.auth import ReviewClient
 from trio_kubelet.server.routes_logs import logs_blueprint
 from trio_kubelet.server.routes_node import node_blueprints
 from trio_kubelet.server.routes_stats import stats_blueprint
 from trio_kubelet.server.routes_streaming import streaming_blueprint
 from trio_kubelet.server.serve import ServerAddresses, run_servers
 from trio_kubelet.server.view import NodeView
+from trio_kubelet.sources.apiserver import API_SOURCE, APIPods, run_api_source
 from trio_kubelet.sources.oom import OOMWatcher
 from trio_kubelet.sources.pleg import run_pleg
 from trio_kubelet.sources.sampler import Sampler
 from trio_kubelet.sources.static_files import run_static_files
+from trio_kubelet.status.manager import StatusManager
+from trio_kubelet.status.mirror import MirrorPods
 from trio_kubelet.status.store import PodStatusStore
 from trio_kubelet.watch import print_pod_changes
 
@@ -84,7 +93,46 @@ async def _stop_on_signal(cancel_scope: trio.CancelScope) -> None:
 
 def pod_sources(options: AgentOptions) -> list[str]:
     """The pod sources this configuration enables (each must report before orphans go)."""
-    return ["file"] if options.config.static_pod_path else []
+    sources = ["file"] if options.config.static_pod_path else []
+    if options.kubeconfig is not None:
+        sources.append(API_SOURCE)
+    return sources
+
+
+def open_api_client(options: AgentOptions) -> APIClient | None:
+    """The API-server client ``--kubeconfig`` asks for; raises KubeconfigError if unusable."""
+    if options.kubeconfig is None:
+        return None
+    connection = load_kubeconfig(options.kubeconfig)
+    config = options.config
+    log.info("Using API server %s (kubeconfig %s)", connection.server, options.kubeconfig)
+    return APIClient(connection, qps=config.kube_api_qps, burst=config.kube_api_burst)
+
+
+async def _run_cluster_tasks(
+    nursery: trio.Nursery,
+    send: trio.MemorySendChannel[Event],
+    api: APIClient,
+    options: AgentOptions,
+    loop: SyncLoop,
+    store: PodStatusStore,
+    clock: TrioWallClock,
+) -> None:
+    """The API-server side: pod source, pod statuses, mirror pods."""
+    pods = APIPods()
+    nursery.start_soon(run_api_source, send.clone(), api, options.node_name, pods)
+
+    def static_pods() -> dict[str, Pod] | None:
+        if not options.config.static_pod_path:
+            return {}
+        return loop.config.pod_sets().get("file")
+
+    mirrors = MirrorPods(api, pods, options.node_name, static_pods)
+    nursery.start_soon(mirrors.run)
+    statuses = StatusManager(
+        api, store, pods, mirror_of=mirrors.mirror_of, wall_time=lambda: rfc3339(clock.now())
+    )
+    nursery.start_soon(statuses.run)
 
 
 def _start_recorder(
@@ -125,6 +173,7 @@ def _observers(*observers: Observer | None) -> Observer | None:
 async def _serve(
     view: NodeView,
     metrics: AgentMetrics,
+    api: APIClient | None,
     *,
     task_status: trio.TaskStatus[ServerAddresses] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -133,7 +182,10 @@ async def _serve(
     stats = stats_blueprint(view)
     full = [*node.full, stats, logs_blueprint(view), streaming_blueprint(view)]
     read_only = [*node.read_only, stats]
-    await run_servers(view, full, read_only, metrics=metrics, task_status=task_status)
+    review = ReviewClient(api.http) if api is not None else None
+    await run_servers(
+        view, full, read_only, metrics=metrics, review=review, task_status=task_status
+    )
 
 
 async def run_agent(
@@ -156,6 +208,7 @@ async def run_agent(
     metrics = AgentMetrics(options.node_name)
     loops: list[SyncLoop] = []
     recorder = _start_recorder(options, clock, lambda: loops[0])
+    api = open_api_client(options)
     async with trio.open_nursery() as top:
         top.start_soon(_stop_on_signal, top.cancel_scope)
         if recorder is not None:
@@ -168,9 +221,12 @@ async def run_agent(
         ) as client:
             runtime = await wait_for_runtime(client, endpoint)
             log.info("Connected to container runtime %s at %s", runtime, endpoint)
+            events = EventRecorder(options.node_name, api, clock=clock.now)
+            top.start_soon(events.run)
             ctx = WorkerContext(
                 client=client,
-                images=ImageManager(client),
+                images=ImageManager(client, events),
+                events=events,
                 store=store,
                 clock=clock,
                 pod_logs_dir=Path(config.pod_logs_dir),
@@ -200,6 +256,8 @@ async def run_agent(
                             wall_clock=clock.now,
                         )
                     )
+                if api is not None:
+                    await _run_cluster_tasks(nursery, send, api, options, loop, store, clock)
                 nursery.start_soon(partial(run_pleg, send.clone(), client, metrics=metrics))
                 nursery.start_soon(_resync, send.clone(), config.sync_frequency)
                 await nursery.start(partial(oom.run, send.clone(), client))
@@ -213,9 +271,11 @@ async def run_agent(
                     latest_sample=lambda: sampler.latest,
                     pod_logs_dir=Path(config.pod_logs_dir),
                 )
-                await nursery.start(partial(_serve, view, metrics))
+                await nursery.start(partial(_serve, view, metrics, api))
                 if options.show_pods:
                     nursery.start_soon(print_pod_changes, store, sys.stdout, clock)
                 send.close()
                 task_status.started(loop)
         top.cancel_scope.cancel()
+    if api is not None:
+        await api.aclose()

@@ -97,6 +97,20 @@ def _url_headers(text: str) -> dict[str, list[str]]:
     return headers
 
 
+def _taints(text: str) -> list[dict[str, str]]:
+    """``key=value:Effect,key:Effect`` as v1.Taint mappings; the configuration checks them."""
+    taints = []
+    for spec in _list(text):
+        key_value, sep, effect = spec.partition(":")
+        key, _, value = key_value.partition("=")
+        if not sep or ":" in effect or "=" in value or not key:
+            raise argparse.ArgumentTypeError(
+                f"invalid taint spec {json.dumps(spec)} (expected key=value:Effect or key:Effect)"
+            )
+        taints.append({"key": key, "value": value, "effect": effect})
+    return taints
+
+
 _SIZE = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _SIZE_FACTORS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _SIZE_FACTORS.update({"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40})
@@ -244,6 +258,13 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
         "DURATION",
     ),
     ConfigFlag("--register-node", "registerNode", _bool, "register the node with the API server"),
+    ConfigFlag(
+        "--register-with-taints",
+        "registerWithTaints",
+        _taints,
+        "taints the node registers with, 'key=value:Effect,...'",
+        "TAINTS",
+    ),
     ConfigFlag("--kube-api-qps", "kubeAPIQPS", _int, "API server requests per second", "N"),
     ConfigFlag("--kube-api-burst", "kubeAPIBurst", _int, "API server request burst", "N"),
     ConfigFlag(
@@ -289,6 +310,13 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "--hostname-override", metavar="NAME", help="node name instead of the host name"
     )
     node.add_argument("--node-ip", metavar="IP[,IP]", help="IP address(es) of the node")
+    node.add_argument(
+        "--node-labels",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE,...",
+        help="labels the node registers with (repeatable)",
+    )
     node.add_argument(
         "--v",
         "-v",
@@ -390,6 +418,7 @@ def agent_options(args: argparse.Namespace) -> AgentOptions:
         root_dir=args.root_dir,
         hostname_override=args.hostname_override,
         node_ip=args.node_ip,
+        node_labels=args.node_labels,
         kubeconfig=args.kubeconfig,
         record=args.record,
         record_max_bytes=args.record_max_bytes,
@@ -427,6 +456,9 @@ def configure_logging(verbosity: int) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbosity >= 4 else logging.INFO)
+    # One line per API request only at --v 6 and above, as client-go logs them.
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(logging.DEBUG if verbosity >= 6 else logging.WARNING)
 
 
 # --- commands -----------------------------------------------------------------------------

@@ -98,7 +98,7 @@ GO_ONLY_FIELDS = _words(
     kernelMemcgNotification logging enableSystemLogHandler enableSystemLogQuery
     shutdownGracePeriod shutdownGracePeriodCriticalPods shutdownGracePeriodByPodPriority
     reservedMemory enableProfilingHandler enableDebugFlagsHandler seccompDefault
-    memoryThrottlingFactor registerWithTaints tracing localStorageCapacityIsolation
+    memoryThrottlingFactor tracing localStorageCapacityIsolation
     failCgroupV1 userNamespaces podHousekeepingPeriod"""
 )
 
@@ -301,6 +301,47 @@ class CrashLoopBackOff(_ConfigModel):
         return self
 
 
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def qualified_name_error(key: str) -> str | None:
+    """Why ``key`` is not a label/taint key (``[prefix/]name``, Go's IsQualifiedName), or None."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and (len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix)):
+        return f"{json.dumps(key)}: the prefix must be a lowercase RFC 1123 subdomain"
+    if len(name) > 63 or not _LABEL_NAME.match(name):
+        return (
+            f"{json.dumps(key)}: the name must be 1-63 alphanumerics, '-', '_' or '.', "
+            "starting and ending with an alphanumeric"
+        )
+    return None
+
+
+def label_value_error(value: str) -> str | None:
+    """Why ``value`` is not a label (or taint) value, or None."""
+    if value and (len(value) > 63 or not _LABEL_NAME.match(value)):
+        return (
+            f"{json.dumps(value)}: a value must be at most 63 alphanumerics, '-', '_' or '.', "
+            "starting and ending with an alphanumeric"
+        )
+    return None
+
+
+class Taint(_ConfigModel):
+    """A taint the node registers with (``registerWithTaints``, a v1.Taint)."""
+
+    key: str
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+    @model_validator(mode="after")
+    def _valid_key_and_value(self) -> Taint:
+        error = qualified_name_error(self.key) or label_value_error(self.value)
+        if error:
+            raise ValueError(error)
+        return self
+
+
 class KubeletConfiguration(_ConfigModel):
     """The subset of ``kubelet.config.k8s.io/v1beta1`` KubeletConfiguration this agent acts on.
 
@@ -353,6 +394,7 @@ class KubeletConfiguration(_ConfigModel):
     node_status_report_frequency: Duration = 300.0
     node_lease_duration_seconds: Annotated[int, BeforeValidator(_positive)] = 40
     register_node: bool = True
+    register_with_taints: list[Taint] = Field(default_factory=list)
     kube_api_qps: NonNegative = Field(default=50, alias="kubeAPIQPS")
     kube_api_burst: NonNegative = Field(default=100, alias="kubeAPIBurst")
 
@@ -702,6 +744,65 @@ def parse_node_ips(value: str) -> str:
     return ",".join(addresses)
 
 
+# Labels in the kubernetes.io / k8s.io namespaces a kubelet may set on its own Node (the Go
+# kubelet's kubeletapis.IsKubeletLabel; the NodeRestriction admission plugin rejects others).
+KUBELET_LABELS = frozenset(
+    {
+        "kubernetes.io/hostname",
+        "kubernetes.io/os",
+        "kubernetes.io/arch",
+        "beta.kubernetes.io/os",
+        "beta.kubernetes.io/arch",
+        "beta.kubernetes.io/instance-type",
+        "node.kubernetes.io/instance-type",
+        "topology.kubernetes.io/zone",
+        "topology.kubernetes.io/region",
+        "failure-domain.beta.kubernetes.io/zone",
+        "failure-domain.beta.kubernetes.io/region",
+    }
+)
+KUBELET_LABEL_NAMESPACES = ("kubelet.kubernetes.io", "node.kubernetes.io")
+
+
+def _in_namespace(key: str, *namespaces: str) -> bool:
+    prefix = key.rpartition("/")[0]
+    return any(prefix == ns or prefix.endswith("." + ns) for ns in namespaces)
+
+
+def parse_node_labels(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """``--node-labels k=v,k2=v2`` (repeatable; a later value wins), checked as the Go kubelet does.
+
+    Labels in the kubernetes.io / k8s.io namespaces must be ones a kubelet may set on its own
+    Node; the API server would refuse the others at registration.
+    """
+    labels: dict[str, str] = {}
+    for value in values:
+        for pair in (part.strip() for part in value.split(",")):
+            if not pair:
+                continue
+            key, sep, label = pair.partition("=")
+            if not sep:
+                raise ConfigError(f"--node-labels: {json.dumps(pair)} must be key=value")
+            error = qualified_name_error(key.strip()) or label_value_error(label.strip())
+            if error:
+                raise ConfigError(f"--node-labels: {error}")
+            labels[key.strip()] = label.strip()
+    unknown = sorted(
+        key
+        for key in labels
+        if _in_namespace(key, "kubernetes.io", "k8s.io")
+        and key not in KUBELET_LABELS
+        and not _in_namespace(key, *KUBELET_LABEL_NAMESPACES)
+    )
+    if unknown:
+        raise ConfigError(
+            f"--node-labels: unknown 'kubernetes.io' or 'k8s.io' labels {', '.join(unknown)}: "
+            f"they must begin with an allowed prefix ({', '.join(KUBELET_LABEL_NAMESPACES)}) "
+            f"or be one of {', '.join(sorted(KUBELET_LABELS))}"
+        )
+    return tuple(labels.items())
+
+
 @dataclass(frozen=True)
 class AgentOptions:
     """Everything the agent is started with: the configuration and the node's flag-only options."""
@@ -710,6 +811,8 @@ class AgentOptions:
     node_name: str
     root_dir: Path = DEFAULT_ROOT_DIR
     node_ip: str | None = None
+    # --node-labels, in the order given (a tuple keeps the options hashable).
+    node_labels: tuple[tuple[str, str], ...] = ()
     kubeconfig: Path | None = None
     record: Path | None = None
     record_max_bytes: int | None = None
@@ -727,6 +830,7 @@ def build_agent_options(
     root_dir: Path = DEFAULT_ROOT_DIR,
     hostname_override: str | None = None,
     node_ip: str | None = None,
+    node_labels: Sequence[str] = (),
     kubeconfig: Path | None = None,
     record: Path | None = None,
     record_max_bytes: int | None = None,
@@ -739,6 +843,7 @@ def build_agent_options(
         node_name=resolve_node_name(hostname_override),
         root_dir=root_dir.absolute(),
         node_ip=parse_node_ips(node_ip) if node_ip else None,
+        node_labels=parse_node_labels(node_labels),
         kubeconfig=kubeconfig,
         record=record,
         record_max_bytes=record_max_bytes,

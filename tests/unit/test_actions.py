@@ -640,14 +640,15 @@ def test_older_running_instance_is_killed() -> None:
     run_table(base, add_duplicate, Expect(kill={"old1": "foo1"}))
 
 
-def test_deleting_pod_gets_no_sandbox_and_no_starts() -> None:
+def test_deleting_pod_is_killed_whole_and_nothing_restarts() -> None:
     def delete(s: Scenario) -> None:
         meta = s.pod.metadata.model_copy(update={"deletion_timestamp": "2026-11-22T10:00:00Z"})
         s.pod = s.pod.model_copy(update={"metadata": meta})
+    run_table(base, delete, Expect(kill_pod=True))
     run_table(base, chain(delete, sandbox_dead()), Expect(kill_pod=True, attempt=1))
-    run_table(base, chain(delete, state(0, EXITED, 1)), NO_ACTION)
-    run_table(base, chain(delete, lambda s: with_state(s, 0, RUNNING, spec_hash="x")),
-              Expect(kill={"id1": "foo1"}))
+    run_table(base, chain(delete, state(0, EXITED, 1)), Expect(kill_pod=True))
+    # Everything stopped: no new sandbox, no restart (the kill finds nothing to stop).
+    run_table(base, chain(delete, all_exited(1), sandbox_dead()), Expect(kill_pod=True, attempt=1))
 
 
 # -- PodSandboxChanged (kuberuntime/util TestPodSandboxChanged) ---------------------------

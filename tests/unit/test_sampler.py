@@ -416,7 +416,10 @@ async def test_run_samples_every_interval_and_reports_node_stats(
 
         await trio.sleep(9.5)
         assert sampler.latest is first
-        with trio.fail_after(5):  # the reads run in a thread, while the mock clock may jump
+        # The reads run in a thread: only let the mock clock jump after 50 ms of real
+        # idleness, or it races the thread to the deadline.
+        autojump_clock.autojump_threshold = 0.05
+        with trio.fail_after(5):
             while sampler.latest is first:
                 await trio.sleep(0.01)
         assert sampler.latest is not None

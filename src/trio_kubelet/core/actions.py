@@ -162,6 +162,13 @@ def compute_pod_actions(
         sandbox_id=change.sandbox_id,
         attempt=change.attempt,
     )
+    if is_pod_deleting(pod):
+        # Go leaves computePodActions for SyncTerminatingPod here: stop everything
+        # (with the deletion's grace period), start nothing, make no sandbox.
+        actions.kill_pod = True
+        actions.create_sandbox = False
+        actions.reasons.append("kill pod: the pod is being deleted")
+        return actions
     latest = _newest_instances(status)
     if change.create:
         _plan_new_sandbox(pod, status, latest, change, actions)
@@ -172,10 +179,8 @@ def compute_pod_actions(
     _start_ephemeral_containers(pod, latest, actions)
     initialized = _compute_init_container_actions(pod, latest, liveness, startup, actions)
     if actions.kill_pod or not initialized:
-        _forbid_starts_if_deleting(pod, actions)
         return actions
     kept = _compute_regular_container_actions(pod, latest, liveness, startup, actions)
-    _forbid_starts_if_deleting(pod, actions)
     if kept == 0 and not actions.containers_to_start:
         # Sidecars must not keep a pod alive once its regular containers are done.
         actions.kill_pod = True
@@ -201,10 +206,6 @@ def _plan_new_sandbox(
 ) -> None:
     """A new sandbox means everything restarts: pick what runs first in it, if anything."""
     spec = pod.spec
-    if is_pod_deleting(pod):
-        actions.create_sandbox = False
-        actions.reasons.append(f"kill pod: {change.reason}; the pod is being deleted")
-        return
     if spec.restart_policy == "Never" and change.attempt != 0 and status.containers:
         actions.create_sandbox = False
         actions.reasons.append(
@@ -272,18 +273,6 @@ def _start_ephemeral_containers(
         if container.name not in latest:
             actions.ephemeral_containers_to_start.append(index)
             actions.reasons.append(f"start ephemeral container {container.name}: never started")
-
-
-def _forbid_starts_if_deleting(pod: Pod, actions: PodActions) -> None:
-    if is_pod_deleting(pod) and (
-        actions.init_containers_to_start
-        or actions.containers_to_start
-        or actions.ephemeral_containers_to_start
-    ):
-        actions.init_containers_to_start = []
-        actions.containers_to_start = []
-        actions.ephemeral_containers_to_start = []
-        actions.reasons.append("start nothing: the pod is being deleted")
 
 
 def _compute_init_container_actions(

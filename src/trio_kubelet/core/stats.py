@@ -14,10 +14,10 @@ import json
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, Literal
 
+from trio_kubelet.core.phase import rfc3339
 from trio_kubelet.model.pod import Pod
 
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 with 4 KiB
@@ -312,11 +312,6 @@ def build_sample(
 
 
 # -- /stats/summary -----------------------------------------------------------------------------
-
-
-def rfc3339(epoch: float) -> str:
-    """metav1.Time's JSON form: RFC 3339 in UTC with whole seconds."""
-    return datetime.fromtimestamp(math.floor(epoch), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _put(target: dict[str, Any], key: str, value: int | None) -> None:

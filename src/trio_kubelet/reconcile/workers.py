@@ -28,6 +28,7 @@ from trio_kubelet.core.grace import kill_grace_period
 from trio_kubelet.core.observed import ContainerState, RuntimePodStatus, SandboxState
 from trio_kubelet.core.phase import compute_pod_status
 from trio_kubelet.images.manager import ImageError, ImageManager
+from trio_kubelet.kube_events import EventRecorder, pod_ref
 from trio_kubelet.model.pod import Container, Pod, PodStatus, is_sidecar
 from trio_kubelet.replay.codec import actions_to_json, observed_to_json
 from trio_kubelet.replay.recorder import Recorder
@@ -64,6 +65,7 @@ class WorkerContext:
     node_ip: str = ""
     runtime_name: str = "containerd"
     recorder: Recorder | None = None
+    events: EventRecorder = field(default_factory=EventRecorder)  # log-only unless wired
 
 
 @dataclass
@@ -197,12 +199,22 @@ class PodWorker:
     async def _execute(
         self, pod: Pod, runtime: RuntimePodStatus, actions: PodActions, result: _SyncResult
     ) -> bool:
+        if actions.create_sandbox and actions.sandbox_id:
+            message = "Pod sandbox changed, it will be killed and re-created."
+            self._ctx.events.pod_event(pod, "Normal", "SandboxChanged", message)
         if actions.kill_pod and runtime.sandboxes:
             log.info(
                 "Killing pod %s (%s): %s",
                 pod.full_name,
                 self.uid,
-                "sandbox changed" if actions.create_sandbox else "no container to run",
+                next(
+                    (
+                        r.removeprefix("kill pod: ")
+                        for r in actions.reasons
+                        if r.startswith("kill pod")
+                    ),
+                    "the sandbox changed",
+                ),
             )
             await self._kill_pod(pod, runtime)
             if actions.create_sandbox:
@@ -251,6 +263,13 @@ class PodWorker:
             sandbox_id = await self._ctx.client.run_pod_sandbox(config)
         except CRIError as err:
             log.error("Failed to create sandbox for pod %s (%s): %s", pod.full_name, self.uid, err)
+            self._ctx.events.pod_event(
+                pod,
+                "Warning",
+                "FailedCreatePodSandBox",
+                f"Failed to create pod sandbox: {err}",
+                logged=True,
+            )
             for container in pod.spec.containers:
                 result.errors[container.name] = ("CreatePodSandboxError", str(err))
             result.retry_in(SYNC_ERROR_RETRY)
@@ -297,10 +316,21 @@ class PodWorker:
             message = crash_loop_message(gate.delay, pod, container)
             result.errors[container.name] = ("CrashLoopBackOff", message)
             result.retry_in(gate.remaining)
+            ctx.events.pod_event(
+                pod,
+                "Warning",
+                "BackOff",
+                f"Back-off restarting failed container {container.name} in pod "
+                f"{pod.full_name}({self.uid})",
+                container.name,
+            )
             return False
         try:
-            image_ref = await ctx.images.ensure(container, self.uid, now)
+            image_ref = await ctx.images.ensure(
+                container, self.uid, now, ref=pod_ref(pod, container.name)
+            )
         except ImageError as err:
+            ctx.events.pod_event(pod, "Warning", "Failed", f"Error: {err.reason}", container.name)
             result.errors[container.name] = (err.reason, err.message)
             result.retry_in(SYNC_ERROR_RETRY)
             return False
@@ -316,12 +346,16 @@ class PodWorker:
         try:
             container_id = await ctx.client.create_container(sandbox_id, config, sandbox)
         except CRIError as err:
+            ctx.events.pod_event(pod, "Warning", "Failed", f"Error: {err.message}", container.name)
             result.errors[container.name] = ("CreateContainerError", err.message)
             result.retry_in(SYNC_ERROR_RETRY)
             return False
+        message = f"Created container: {container.name}"
+        ctx.events.pod_event(pod, "Normal", "Created", message, container.name)
         try:
             await ctx.client.start_container(container_id)
         except CRIError as err:
+            ctx.events.pod_event(pod, "Warning", "Failed", f"Error: {err.message}", container.name)
             result.errors[container.name] = ("RunContainerError", err.message)
             result.retry_in(SYNC_ERROR_RETRY)
             return True
@@ -333,6 +367,8 @@ class PodWorker:
             container_id[:13],
             restart_count,
         )
+        message = f"Started container {container.name}"
+        ctx.events.pod_event(pod, "Normal", "Started", message, container.name, logged=True)
         return True
 
     # -- killing ----------------------------------------------------------------------------
@@ -352,6 +388,10 @@ class PodWorker:
                     grace,
                     kill.message or kill.reason,
                 )
+                message = kill.message or f"Stopping container {kill.name}"
+                self._ctx.events.pod_event(
+                    pod, "Normal", "Killing", message, kill.name, logged=True
+                )
                 nursery.start_soon(self._stop_container, container_id, grace)
 
     async def _kill_pod(self, pod: Pod | None, runtime: RuntimePodStatus) -> None:
@@ -361,6 +401,10 @@ class PodWorker:
         after it, within what is left of the pod's grace period.
         """
         running = [c for c in runtime.containers if c.state is ContainerState.RUNNING]
+        if pod is not None:
+            for container in running:
+                message = f"Stopping container {container.name}"
+                self._ctx.events.pod_event(pod, "Normal", "Killing", message, container.name)
         sidecar_order = [c.name for c in pod.spec.init_containers if is_sidecar(c)] if pod else []
         specs = _specs_by_name(pod) if pod else {}
         first = [c for c in running if c.name not in sidecar_order]
@@ -439,7 +483,10 @@ class PodWorker:
             t, name, wire = trio.current_time(), pod.full_name, status.to_api()
             ctx.recorder.add(lambda: StatusRecord(t=t, uid=self.uid, pod=name, status=wire))
         self._status = status
-        ctx.store.set(pod, status)
+        stopped = not any(
+            c.state is ContainerState.RUNNING for c in runtime.containers
+        ) and not any(s.state is SandboxState.READY for s in runtime.sandboxes)
+        ctx.store.set(pod, status, stopped=stopped)
 
 
 def restart_count_from_logs(log_dir: Path) -> int:

@@ -15,14 +15,25 @@ from trio_kubelet.model.pod import Pod, PodStatus
 class PodStatusStore:
     def __init__(self) -> None:
         self._pods: dict[str, Pod] = {}
+        self._stopped: set[str] = set()
         self._changed = trio.Event()
 
-    def set(self, pod: Pod, status: PodStatus) -> None:
-        """Record ``status`` for ``pod``; readers are woken only when something changed."""
+    def set(self, pod: Pod, status: PodStatus, *, stopped: bool = False) -> None:
+        """Record ``status`` for ``pod``; readers are woken only when something changed.
+
+        ``stopped``: nothing of the pod runs on the node any more (no running
+        container, no ready sandbox) - what a graceful deletion waits for.
+        """
         uid = pod.metadata.uid
         current = self._pods.get(uid)
+        was_stopped = uid in self._stopped
+        if stopped:
+            self._stopped.add(uid)
+        else:
+            self._stopped.discard(uid)
         if (
             current is not None
+            and was_stopped == stopped
             and current.status == status
             and current.spec == pod.spec
             and current.metadata == pod.metadata
@@ -32,8 +43,12 @@ class PodStatusStore:
         self._notify()
 
     def remove(self, uid: str) -> None:
+        self._stopped.discard(uid)
         if self._pods.pop(uid, None) is not None:
             self._notify()
+
+    def is_stopped(self, uid: str) -> bool:
+        return uid in self._stopped
 
     def get(self, uid: str) -> Pod | None:
         return self._pods.get(uid)

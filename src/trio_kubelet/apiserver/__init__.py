@@ -1,0 +1,1 @@
+"""Talking to the kube-apiserver: kubeconfig, an httpx client with QPS limits, list+watch."""

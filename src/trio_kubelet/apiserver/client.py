@@ -1,0 +1,184 @@
+"""An API-server client on httpx: JSON in and out, QPS/burst limits, typed errors, watches.
+
+Objects stay plain JSON dicts here; the callers validate what they read into models.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+import trio
+
+from trio_kubelet import __version__
+from trio_kubelet.apiserver.errors import APIError, Gone, Unreachable, error_from_status
+from trio_kubelet.apiserver.kubeconfig import Connection
+from trio_kubelet.apiserver.ratelimit import TokenBucket
+
+log = logging.getLogger("trio_kubelet.apiserver")
+
+PatchType = Literal["merge", "strategic", "json"]
+PATCH_CONTENT_TYPES: dict[PatchType, str] = {
+    "merge": "application/merge-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "json": "application/json-patch+json",
+}
+REQUEST_TIMEOUT = 30.0
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK
+    object: JSON
+
+
+class APIClient:
+    """One connection pool to the API server, shared by every caller in the agent."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        *,
+        qps: float = 50,
+        burst: int = 100,
+        timeout: float = REQUEST_TIMEOUT,
+        clock: Callable[[], float] = trio.current_time,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        headers = {
+            "User-Agent": f"trio-kubelet/{__version__}",
+            "Accept": "application/json",
+        }
+        if connection.token:
+            headers["Authorization"] = f"Bearer {connection.token}"
+        self.server = connection.server
+        self._http = httpx.AsyncClient(
+            base_url=connection.server,
+            verify=connection.ssl_context or True,
+            headers=headers,
+            timeout=httpx.Timeout(timeout),
+            transport=transport,
+        )
+        self._bucket = TokenBucket(qps, burst)
+        self._clock = clock
+        self.requests = 0  # every request sent (the per-pod request count of the bench)
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The underlying pool, for callers with their own error handling (webhooks)."""
+        return self._http
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _throttle(self) -> None:
+        delay = self._bucket.reserve(self._clock())
+        if delay > 0:
+            await trio.sleep(delay)
+        self.requests += 1
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> JSON:
+        """Send one request and return the JSON object answered; raise a typed APIError."""
+        await self._throttle()
+        content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        headers = {"Content-Type": content_type} if content is not None else None
+        try:
+            response = await self._http.request(
+                method, path, params=params, content=content, headers=headers
+            )
+        except httpx.HTTPError as err:
+            raise Unreachable(f"{method} {path}: {type(err).__name__}: {err}") from None
+        return _answer(method, path, response)
+
+    async def get(self, path: str, params: Mapping[str, str | int] | None = None) -> JSON:
+        return await self.request("GET", path, params=params)
+
+    async def create(self, path: str, body: JSON) -> JSON:
+        return await self.request("POST", path, body=body)
+
+    async def replace(self, path: str, body: JSON) -> JSON:
+        return await self.request("PUT", path, body=body)
+
+    async def patch(self, path: str, body: Any, kind: PatchType = "strategic") -> JSON:
+        return await self.request("PATCH", path, body=body, content_type=PATCH_CONTENT_TYPES[kind])
+
+    async def delete(self, path: str, options: JSON | None = None) -> JSON:
+        return await self.request("DELETE", path, body=options)
+
+    @asynccontextmanager
+    async def watch(
+        self, path: str, params: Mapping[str, str | int]
+    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        """Open a watch; iterate the events until the server ends the stream.
+
+        An ERROR event raises its typed error (``Gone`` for an expired resourceVersion).
+        """
+        await self._throttle()
+        query = {**params, "watch": "true"}
+        timeout = httpx.Timeout(REQUEST_TIMEOUT, read=None)
+        try:
+            async with self._http.stream("GET", path, params=query, timeout=timeout) as response:
+                if response.status_code >= 300:
+                    await response.aread()
+                    raise _answer_error(response)
+                yield _events(response)
+        except httpx.HTTPError as err:
+            raise Unreachable(f"watch {path}: {type(err).__name__}: {err}") from None
+
+
+async def _events(response: httpx.Response) -> AsyncIterator[WatchEvent]:
+    async for line in response.aiter_lines():
+        if not line.strip():
+            continue
+        try:
+            frame = json.loads(line)
+            kind, obj = frame["type"], frame["object"]
+        except (ValueError, KeyError, TypeError):
+            raise APIError(0, "BadWatchEvent", f"not a watch event: {line[:200]!r}") from None
+        if kind == "ERROR":
+            code = int(obj.get("code", 500)) if isinstance(obj, dict) else 500
+            raise error_from_status(code, obj if isinstance(obj, dict) else None)
+        yield WatchEvent(kind, obj)
+
+
+def _answer(method: str, path: str, response: httpx.Response) -> JSON:
+    if response.status_code >= 300:
+        raise _answer_error(response)
+    try:
+        body = response.json()
+    except ValueError:
+        raise APIError(
+            response.status_code, "BadResponse", f"{method} {path}: the answer is not JSON"
+        ) from None
+    if not isinstance(body, dict):
+        raise APIError(response.status_code, "BadResponse", f"{method} {path}: not an object")
+    return body
+
+
+def _answer_error(response: httpx.Response) -> APIError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {"message": response.text[:300]}
+    return error_from_status(
+        response.status_code,
+        body if isinstance(body, dict) else None,
+        response.headers.get("Retry-After"),
+    )
+
+
+__all__ = ["APIClient", "APIError", "Gone", "PatchType", "WatchEvent"]

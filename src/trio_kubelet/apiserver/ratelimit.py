@@ -1,0 +1,28 @@
+"""A token bucket (client-go's flowcontrol): ``qps`` tokens a second, at most ``burst`` saved."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class TokenBucket:
+    """Reserve a token at a time; the answer is how long to wait before using it.
+
+    Time is an argument, so the arithmetic is testable without sleeping. ``qps`` 0
+    means unlimited, as in client-go.
+    """
+
+    qps: float
+    burst: int
+    _tokens: float | None = None  # None until first use: then a full bucket
+    _last: float = 0.0
+
+    def reserve(self, now: float) -> float:
+        if self.qps <= 0:
+            return 0.0
+        burst = max(1, self.burst)
+        tokens = float(burst) if self._tokens is None else self._tokens
+        tokens = min(float(burst), tokens + (now - self._last) * self.qps) - 1.0
+        self._tokens, self._last = tokens, now
+        return 0.0 if tokens >= 0 else -tokens / self.qps

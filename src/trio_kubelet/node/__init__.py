@@ -1,0 +1,1 @@
+"""The node in the cluster: its Node object, status and Lease (manager.py runs them)."""

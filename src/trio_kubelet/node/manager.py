@@ -1,0 +1,296 @@
+"""The node's life in the cluster: register the Node, keep its status, renew its Lease.
+
+Faithful to the Go kubelet's syncNodeStatus: registration is retried with backoff (100 ms
+doubling to 7 s) for as long as it takes, in the background, so static pods never wait for
+the API server; then every nodeStatusUpdateFrequency the status is recomputed over the
+API server's copy of the Node and patched only when it changed or nodeStatusReportFrequency
+has passed (the Lease is the frequent heartbeat). A failed status update is retried 5 times
+in a round, then again at the next tick. Nothing here ever ends the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn, Protocol
+
+import trio
+
+from trio_kubelet.apiserver.client import JSON, APIClient
+from trio_kubelet.apiserver.errors import AlreadyExists, APIError
+from trio_kubelet.config import AgentOptions
+from trio_kubelet.node.conditions import (
+    READY,
+    runtime_condition_error,
+    runtime_errors,
+)
+from trio_kubelet.node.lease import LeaseController
+from trio_kubelet.node.machine import internal_ips, read_machine_facts
+from trio_kubelet.node.registration import (
+    MachineFacts,
+    StatusInputs,
+    changed_fields,
+    initial_node,
+    labels_to_restore,
+    node_status,
+    reconcile_patch,
+    should_report,
+    status_patch,
+)
+from trio_kubelet.runtime.errors import CRIError
+
+log = logging.getLogger("trio_kubelet.node")
+
+REGISTER_FIRST_DELAY = 0.1
+REGISTER_MAX_DELAY = 7.0
+NODE_STATUS_UPDATE_RETRY = 5
+RUNTIME_PROBE_PERIOD = 5.0  # Go's updateRuntimeUp period
+
+
+def _no_pressure() -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """What the Ready condition and nodeInfo need from the rest of the agent.
+
+    Each callable answers now, without blocking. ``runtime_errors`` is Go's
+    runtimeState.runtimeErrors without the PLEG (empty when the runtime is fine; see
+    :class:`RuntimeProbe`); ``pleg_error`` is the PLEG health check's message
+    ("pleg was last seen active 3m0s ago; threshold is 3m0s"), ``network_error`` the
+    runtime's network condition ("container runtime network not ready: ..."); the pressure
+    callables are the eviction manager's, and ``runtime_version`` is (name, version) from
+    the CRI Version call, None when unknown.
+    """
+
+    runtime_errors: Callable[[], Sequence[str]]
+    pleg_error: Callable[[], str | None]
+    network_error: Callable[[], str | None]
+    runtime_version: Callable[[], tuple[str, str] | None]
+    memory_pressure: Callable[[], bool] = _no_pressure
+    disk_pressure: Callable[[], bool] = _no_pressure
+    pid_pressure: Callable[[], bool] = _no_pressure
+
+
+class WallClock(Protocol):
+    def now(self) -> float: ...
+
+
+class RuntimeStatusSource(Protocol):
+    """The two CRI calls the probe makes (runtime/client.CRIClient has them)."""
+
+    async def status(self) -> Any: ...
+
+    async def version(self) -> Any: ...
+
+
+class RuntimeProbe:
+    """Go's updateRuntimeUp: ask the CRI runtime for its status every 5 s, remember its answer.
+
+    Gives :class:`NodeHealth` its runtime errors, network error and runtime version.
+    """
+
+    def __init__(self, runtime: RuntimeStatusSource) -> None:
+        self.runtime = runtime
+        self.last_runtime_ok: float | None = None  # trio time of the last RuntimeReady=true
+        self.runtime_error: str | None = None
+        self.network: str | None = None
+        self.version: tuple[str, str] | None = None
+
+    async def run(self) -> NoReturn:
+        while True:
+            await self.probe()
+            await trio.sleep(RUNTIME_PROBE_PERIOD)
+
+    async def probe(self) -> None:
+        try:
+            answer = await self.runtime.status()
+        except CRIError as err:
+            log.error("Container runtime status check failed: %s", err)
+            return
+        conditions = {
+            c.type: (c.type, c.status, c.reason, c.message)
+            for c in (answer.status.conditions if answer.status else [])
+        }
+        self.network = runtime_condition_error(
+            "container runtime network", conditions.get("NetworkReady")
+        )
+        self.runtime_error = runtime_condition_error(
+            "container runtime", conditions.get("RuntimeReady")
+        )
+        if self.runtime_error is None:
+            self.last_runtime_ok = trio.current_time()
+        try:
+            version = await self.runtime.version()
+        except CRIError:
+            self.version = None
+        else:
+            self.version = (version.runtime_name, version.runtime_version)
+
+    def errors(self) -> list[str]:
+        return runtime_errors(
+            now=trio.current_time(),
+            last_runtime_ok=self.last_runtime_ok,
+            runtime_error=self.runtime_error,
+        )
+
+    def health(self, pleg_error: Callable[[], str | None]) -> NodeHealth:
+        return NodeHealth(
+            runtime_errors=self.errors,
+            pleg_error=pleg_error,
+            network_error=lambda: self.network,
+            runtime_version=lambda: self.version,
+        )
+
+
+class NodeManager:
+    """Registers this node, keeps its status in the API server and runs its Lease."""
+
+    def __init__(
+        self,
+        client: APIClient,
+        options: AgentOptions,
+        health: NodeHealth,
+        clock: WallClock,
+        *,
+        machine: MachineFacts | None = None,
+    ) -> None:
+        self.client = client
+        self.options = options
+        self.health = health
+        self.clock = clock
+        self.machine = machine
+        self.node_uid: str | None = None
+        self.registered = trio.Event()
+        self.last_report: float | None = None  # wall time of the last status sent
+        self.node_path = f"/api/v1/nodes/{options.node_name}"
+        self.lease = LeaseController(
+            client,
+            options.node_name,
+            duration_seconds=options.config.node_lease_duration_seconds,
+            wall_clock=clock.now,
+            node_uid=lambda: self.node_uid,
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start at once (nothing waits for the API server), then run until cancelled."""
+        task_status.started()
+        if self.machine is None:
+            self.machine = await trio.to_thread.run_sync(read_machine_facts, self.options.root_dir)
+        config = self.options.config
+        async with trio.open_nursery() as nursery:
+            if config.register_node:
+                await self.register()
+            nursery.start_soon(self.lease.run)
+            while True:
+                await self.sync_status()
+                await trio.sleep(config.node_status_update_frequency)
+
+    # --- registration ---------------------------------------------------------------------
+
+    async def register(self) -> None:
+        """Create the Node (or adopt the existing one), retrying until the API server agrees."""
+        name = self.options.node_name
+        delay = REGISTER_FIRST_DELAY
+        while True:
+            await trio.sleep(delay)
+            delay = min(delay * 2, REGISTER_MAX_DELAY)
+            node = initial_node(self.options, await self._inputs(), self.clock.now())
+            log.info("Attempting to register node %s", name)
+            try:
+                await self._try_register(node)
+            except APIError as err:
+                log.error("Unable to register node %s with the API server: %s", name, err)
+                delay = max(delay, err.retry_after or 0.0)
+                continue
+            log.info("Successfully registered node %s", name)
+            self.registered.set()
+            return
+
+    async def _try_register(self, node: JSON) -> None:
+        try:
+            self._learn(await self.client.create("/api/v1/nodes", node))
+            return
+        except AlreadyExists:
+            pass
+        existing = await self.client.get(self.node_path)
+        self._learn(existing)
+        log.info("Node %s was previously registered", self.options.node_name)
+        patch = reconcile_patch(node, existing)
+        if patch is not None:
+            self._learn(await self.client.patch(f"{self.node_path}/status", patch))
+
+    def _learn(self, node: JSON) -> None:
+        uid = node.get("metadata", {}).get("uid")
+        if uid:
+            self.node_uid = str(uid)
+
+    # --- status ---------------------------------------------------------------------------
+
+    async def sync_status(self) -> None:
+        """One status round: up to 5 tries, the first reading the API server's cache."""
+        for attempt in range(NODE_STATUS_UPDATE_RETRY):
+            try:
+                await self._try_update_status(attempt)
+                return
+            except APIError as err:
+                log.error("Error updating node status, will retry: %s", err)
+        log.error("Unable to update node status: update node status exceeds retry count")
+
+    async def _try_update_status(self, attempt: int) -> None:
+        node = await self.client.get(
+            self.node_path, {"resourceVersion": "0"} if attempt == 0 else None
+        )
+        self._learn(node)
+        inputs = await self._inputs()
+        now = self.clock.now()
+        reported = node.get("status") or {}
+        desired = node_status(self.options, inputs, reported, now)
+        changed = changed_fields(reported, desired)
+        labels = labels_to_restore(node, inputs.machine)
+        if not should_report(
+            bool(changed or labels),
+            now=now,
+            last_report=self.last_report,
+            report_frequency=self.options.config.node_status_report_frequency,
+        ):
+            return
+        await self.client.patch(f"{self.node_path}/status", status_patch(desired, changed, labels))
+        self.last_report = now
+        _log_ready_transition(reported, desired)
+
+    async def _inputs(self) -> StatusInputs:
+        assert self.machine is not None
+        node_ip, name = self.options.node_ip, self.options.node_name
+        if node_ip:
+            addresses = internal_ips(node_ip, name)
+        else:  # a DNS lookup: keep it off the event loop
+            addresses = await trio.to_thread.run_sync(internal_ips, None, name)
+        health = self.health
+        return StatusInputs(
+            machine=self.machine,
+            internal_ips=tuple(addresses),
+            runtime=health.runtime_version(),
+            runtime_errors=tuple(health.runtime_errors()),
+            pleg_error=health.pleg_error(),
+            network_error=health.network_error(),
+            memory_pressure=health.memory_pressure(),
+            disk_pressure=health.disk_pressure(),
+            pid_pressure=health.pid_pressure(),
+        )
+
+
+def _ready(status: JSON) -> JSON | None:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == READY), None)
+
+
+def _log_ready_transition(reported: JSON, desired: JSON) -> None:
+    before, after = _ready(reported), _ready(desired)
+    if after is None or (before is not None and before.get("status") == after.get("status")):
+        return
+    if after.get("status") == "True":
+        log.info("Node is ready")
+    else:
+        log.info("Node became not ready: %s", after.get("message"))

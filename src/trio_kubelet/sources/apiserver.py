@@ -1,0 +1,163 @@
+"""The API-server pod source: pods bound to this node, kept by a list+watch.
+
+Sends the complete set as ``PodSetUpdate(source="api")`` after every change, as the
+static source does, so the sync loop's PodConfig applies the same SET semantics to
+both. What the reconciler compares is the pod without its status and bookkeeping
+fields: the agent's own status patches come back through the watch and must not
+look like new specs (Go's PodConfig ignores status-only updates the same way).
+
+Mirror pods (the API copies of static pods) are not run: they are kept aside for
+the mirror-pod manager. The API's view of each pod's status is kept for the status
+manager, which merges into it and never lets a terminal phase regress.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from pydantic import ValidationError
+
+from trio_kubelet.apiserver.client import JSON, APIClient, WatchEvent
+from trio_kubelet.apiserver.reflector import Reflector
+from trio_kubelet.config import describe_validation_error
+from trio_kubelet.events import Event, ManifestProblem, PodSetUpdate
+from trio_kubelet.model.pod import Pod
+from trio_kubelet.sources.static_files import CONFIG_SOURCE_ANNOTATION
+
+log = logging.getLogger("trio_kubelet.sources.apiserver")
+
+API_SOURCE = "api"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+# Fields the API server maintains that say nothing about what to run.
+_BOOKKEEPING = ("resourceVersion", "managedFields", "selfLink")
+
+
+@dataclass(frozen=True)
+class RejectedPod:
+    """A pod bound to the node that the agent cannot run, and why."""
+
+    namespace: str
+    name: str
+    uid: str
+    reason: str
+
+
+class APIPods:
+    """What the API server says about this node's pods, shared by the source's readers."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, Pod] = {}  # regular pods to run, by UID (status stripped)
+        self.api_status: dict[str, JSON] = {}  # the API's current status of each, by UID
+        self.mirrors: dict[str, JSON] = {}  # mirror pods by "namespace/name"
+        self.rejected: dict[str, RejectedPod] = {}
+        self.synced = False  # a complete list has been seen
+        self._changed = trio.Event()
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def take(self, obj: JSON) -> None:
+        """Add or update one pod from the API."""
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        self.forget(obj)
+        if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
+            self.mirrors[_key(meta)] = obj
+            return
+        self.api_status[uid] = obj.get("status") or {}
+        try:
+            self.pods[uid] = pod_to_run(obj)
+        except ValidationError as err:
+            reason = describe_validation_error(err)
+            rejected = RejectedPod(
+                str(meta.get("namespace", "")), str(meta.get("name", "")), uid, reason
+            )
+            if self.rejected.get(uid) != rejected:
+                log.warning(
+                    "Pod %s/%s (%s) cannot be run: %s",
+                    rejected.namespace,
+                    rejected.name,
+                    uid,
+                    reason,
+                )
+            self.rejected[uid] = rejected
+
+    def forget(self, obj: JSON) -> None:
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        self.pods.pop(uid, None)
+        self.api_status.pop(uid, None)
+        self.rejected.pop(uid, None)
+        key = _key(meta)
+        if str((self.mirrors.get(key) or {}).get("metadata", {}).get("uid")) == uid:
+            del self.mirrors[key]
+
+    def update(self) -> PodSetUpdate:
+        problems = [
+            ManifestProblem(file=f"{r.namespace}/{r.name}", reason=r.reason)
+            for r in self.rejected.values()
+        ]
+        return PodSetUpdate(source=API_SOURCE, pods=list(self.pods.values()), problems=problems)
+
+
+def pod_to_run(obj: Mapping[str, Any]) -> Pod:
+    """The pod as the reconciler sees it: no status, no API bookkeeping, source annotated."""
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in _BOOKKEEPING}
+    meta["annotations"] = {**(meta.get("annotations") or {}), CONFIG_SOURCE_ANNOTATION: API_SOURCE}
+    body = {k: v for k, v in obj.items() if k != "status"}
+    return Pod.model_validate({**body, "metadata": meta})
+
+
+class _Handler:
+    def __init__(self, state: APIPods, send: trio.MemorySendChannel[Event]) -> None:
+        self.state = state
+        self.send = send
+
+    async def replace(self, items: list[JSON]) -> None:
+        state = self.state
+        state.pods.clear()
+        state.api_status.clear()
+        state.mirrors.clear()
+        state.rejected.clear()
+        for item in items:
+            state.take(item)
+        state.synced = True
+        await self._publish()
+
+    async def apply(self, event: WatchEvent) -> None:
+        if event.type == "DELETED":
+            self.state.forget(event.object)
+        else:
+            self.state.take(event.object)
+        await self._publish()
+
+    async def _publish(self) -> None:
+        self.state.notify()
+        await self.send.send(self.state.update())
+
+
+async def run_api_source(
+    send: trio.MemorySendChannel[Event], client: APIClient, node_name: str, state: APIPods
+) -> None:
+    """List+watch ``/api/v1/pods?fieldSelector=spec.nodeName=<node>`` forever."""
+    reflector = Reflector(
+        client,
+        "/api/v1/pods",
+        _Handler(state, send),
+        params={"fieldSelector": f"spec.nodeName={node_name}"},
+        what=f"pods bound to node {node_name}",
+    )
+    async with send:
+        await reflector.run()
+
+
+def _key(meta: Mapping[str, Any]) -> str:
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"

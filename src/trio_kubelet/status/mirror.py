@@ -1,0 +1,174 @@
+"""Mirror pods: the API server's read-only copies of this node's static pods.
+
+For every static pod the agent runs there is a pod object in the API with the
+annotation ``kubernetes.io/config.mirror`` (the static pod's content hash) and the
+Node as its owner, so that ``kubectl get pods`` shows static pods too. A mirror
+deleted by someone, or left from an older version of the manifest, is (re)created;
+a mirror whose static pod is gone is deleted. Its status is the static pod's (the
+status manager patches it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from trio_kubelet.apiserver.client import JSON, APIClient
+from trio_kubelet.apiserver.errors import AlreadyExists, APIError, Conflict, NotFound, Unreachable
+from trio_kubelet.model.pod import Pod
+from trio_kubelet.sources.apiserver import MIRROR_ANNOTATION, APIPods
+from trio_kubelet.sources.static_files import CONFIG_HASH_ANNOTATION
+
+log = logging.getLogger("trio_kubelet.mirror")
+
+RECHECK_PERIOD = 10.0
+RETRY_MAX = 30.0
+
+
+def mirror_pod(pod: Pod, node_name: str, node_uid: str) -> JSON:
+    """The mirror pod object for static pod ``pod`` (no UID: the API server assigns one)."""
+    wire = pod.to_api()
+    meta = wire["metadata"]
+    annotations = dict(meta.get("annotations") or {})
+    annotations[MIRROR_ANNOTATION] = annotations.get(CONFIG_HASH_ANNOTATION, "")
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "labels": meta.get("labels") or {},
+            "annotations": annotations,
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "name": node_name,
+                    "uid": node_uid,
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {**wire["spec"], "nodeName": node_name},
+    }
+
+
+def mirror_is_current(mirror: JSON, pod: Pod) -> bool:
+    """The mirror was made from this version of the static pod and is not being deleted."""
+    meta = mirror.get("metadata") or {}
+    wanted = pod.metadata.annotations.get(CONFIG_HASH_ANNOTATION, "")
+    return (
+        not meta.get("deletionTimestamp")
+        and (meta.get("annotations") or {}).get(MIRROR_ANNOTATION) == wanted
+    )
+
+
+class MirrorPods:
+    def __init__(
+        self,
+        client: APIClient,
+        api: APIPods,
+        node_name: str,
+        static_pods: Callable[[], dict[str, Pod] | None],
+    ) -> None:
+        self.client = client
+        self.api = api
+        self.node_name = node_name
+        self.static_pods = static_pods  # by UID; None until the file source has reported
+        self._node_uid = ""
+
+    def mirror_of(self, pod: Pod) -> JSON | None:
+        """The current mirror of static pod ``pod``, for its status."""
+        mirror = self.api.mirrors.get(f"{pod.metadata.namespace}/{pod.metadata.name}")
+        return mirror if mirror is not None and mirror_is_current(mirror, pod) else None
+
+    async def run(self) -> None:
+        delay = 1.0
+        while True:
+            try:
+                await self.sync()
+                delay = 1.0
+            except Unreachable as err:
+                log.warning("Cannot sync mirror pods: %s; retrying in %.0fs", err, delay)
+                await trio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+                continue
+            with trio.move_on_after(RECHECK_PERIOD):
+                await self.api.wait_changed()
+
+    async def sync(self) -> None:
+        static = self.static_pods()
+        if static is None or not self.api.synced:
+            return
+        wanted = {f"{p.metadata.namespace}/{p.metadata.name}": p for p in static.values()}
+        for key, mirror in list(self.api.mirrors.items()):
+            pod = wanted.get(key)
+            if pod is None or not mirror_is_current(mirror, pod):
+                await self._delete(
+                    mirror, "its static pod is gone" if pod is None else "its static pod changed"
+                )
+        for key, pod in wanted.items():
+            if key not in self.api.mirrors:
+                await self._create(pod)
+
+    async def _node(self) -> str:
+        if not self._node_uid:
+            node = await self.client.get(f"/api/v1/nodes/{self.node_name}")
+            self._node_uid = str(node["metadata"]["uid"])
+        return self._node_uid
+
+    async def _create(self, pod: Pod) -> None:
+        try:
+            body = mirror_pod(pod, self.node_name, await self._node())
+            created = await self.client.create(
+                f"/api/v1/namespaces/{pod.metadata.namespace}/pods", body
+            )
+        except AlreadyExists:
+            return  # made by someone else, or still being deleted: seen on the next round
+        except NotFound:
+            log.info("No Node %s yet: mirror pod of %s waits", self.node_name, pod.full_name)
+            return
+        except Unreachable:
+            raise
+        except APIError as err:
+            log.error("Failed to create the mirror pod of %s: %s", pod.full_name, err)
+            return
+        self.api.take(created)
+        log.info(
+            "Created mirror pod %s/%s (%s) for static pod %s",
+            pod.metadata.namespace,
+            pod.metadata.name,
+            created["metadata"]["uid"],
+            pod.metadata.uid,
+        )
+
+    async def _delete(self, mirror: JSON, why: str) -> None:
+        meta: dict[str, Any] = mirror.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            return  # already going
+        path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}"
+        options = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "gracePeriodSeconds": 0,
+            "preconditions": {"uid": meta.get("uid")},
+        }
+        try:
+            await self.client.delete(path, options)
+        except (NotFound, Conflict):
+            pass
+        except Unreachable:
+            raise
+        except APIError as err:
+            log.error(
+                "Failed to delete mirror pod %s/%s: %s",
+                meta.get("namespace"),
+                meta.get("name"),
+                err,
+            )
+            return
+        self.api.forget(mirror)
+        log.info("Deleted mirror pod %s/%s: %s", meta.get("namespace"), meta.get("name"), why)

@@ -1,0 +1,186 @@
+"""The agent as an operator runs it (a `trio-kubelet` process) against the e2e control plane,
+and a small admin-side API helper to create pods and wait on what the API server shows."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+JSON = dict[str, Any]
+POLL = 0.2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class AgentProcess:
+    """One `python -m trio_kubelet` process; restartable with the same flags and directories."""
+
+    args: list[str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> None:
+        out = self.log.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "trio_kubelet", *self.args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all, as when a node agent crashes."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextmanager
+def running_agent(
+    tmp: Path, node: str, kubeconfig: Path, endpoint: str, ca: Path, *extra: str
+) -> Iterator[AgentProcess]:
+    manifests = tmp / "manifests"
+    manifests.mkdir(exist_ok=True)
+    agent = AgentProcess(
+        args=[
+            "--kubeconfig",
+            str(kubeconfig),
+            "--hostname-override",
+            node,
+            "--node-ip",
+            "127.0.0.1",
+            "--container-runtime-endpoint",
+            endpoint,
+            "--root-dir",
+            str(tmp / "root"),
+            "--pod-logs-dir",
+            str(tmp / "logs"),
+            "--pod-manifest-path",
+            str(manifests),
+            "--port",
+            str(free_port()),
+            "--healthz-port",
+            "0",
+            "--client-ca-file",
+            str(ca),
+            "--sync-frequency",
+            "10s",
+            *extra,
+        ],
+        log=tmp / "agent.log",
+    )
+    agent.start()
+    try:
+        yield agent
+    finally:
+        agent.stop()
+
+
+class Api:
+    """The admin's view of the cluster, through the real API server."""
+
+    def __init__(self, client: httpx.Client) -> None:
+        self.client = client
+
+    def get(self, path: str) -> JSON | None:
+        answer = self.client.get(path)
+        if answer.status_code == 404:
+            return None
+        answer.raise_for_status()
+        result: JSON = answer.json()
+        return result
+
+    def create(self, path: str, body: JSON) -> JSON:
+        answer = self.client.post(path, json=body)
+        if answer.status_code == 409:
+            existing = self.get(f"{path}/{body['metadata']['name']}")
+            assert existing is not None
+            return existing
+        assert answer.status_code == 201, answer.text
+        result: JSON = answer.json()
+        return result
+
+    def delete(self, path: str, grace: int | None = None) -> None:
+        body = {"gracePeriodSeconds": grace} if grace is not None else None
+        answer = self.client.request("DELETE", path, json=body)
+        assert answer.status_code in (200, 202, 404), answer.text
+
+    def wait(
+        self,
+        path: str,
+        predicate: Callable[[JSON | None], bool],
+        timeout: float = 60.0,
+        what: str = "",
+    ) -> JSON | None:
+        """Poll ``path`` until ``predicate(object or None)``; fail with the last object seen."""
+        deadline = time.monotonic() + timeout
+        while True:
+            obj = self.get(path)
+            if predicate(obj):
+                return obj
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what or path}: not reached in {timeout:g}s; last: {obj}")
+            time.sleep(POLL)
+
+
+def pod_manifest(name: str, node: str, image: str, command: list[str], **spec: Any) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 2,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": command,
+                }
+            ],
+            **spec,
+        },
+    }
+
+
+def container_status(pod: JSON | None, name: str = "main") -> JSON:
+    for status in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+        if status["name"] == name:
+            result: JSON = status
+            return result
+    return {}
+
+
+def condition(pod: JSON | None, kind: str) -> str:
+    for cond in ((pod or {}).get("status") or {}).get("conditions") or []:
+        if cond["type"] == kind:
+            return str(cond["status"])
+    return ""

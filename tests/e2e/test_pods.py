@@ -1,0 +1,186 @@
+"""Pods through the real API server: run, report, crash, delete; static pods' mirrors; faults.
+
+The agent runs as a process (as an operator runs it) with the node's own credentials, so the
+Node authorizer and NodeRestriction judge everything it does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.containerd_fixture import Containerd
+from tests.e2e.agent import (
+    JSON,
+    AgentProcess,
+    Api,
+    condition,
+    container_status,
+    pod_manifest,
+    running_agent,
+)
+from tests.e2e.conftest import ControlPlane
+
+NODE = "pods-node"
+PODS = "/api/v1/namespaces/default/pods"
+
+
+@pytest.fixture
+def api(control_plane: ControlPlane) -> Iterator[Api]:
+    with control_plane.admin() as client:
+        admin = Api(client)
+        # No controller-manager runs: the namespace's default ServiceAccount is made here.
+        admin.create(
+            "/api/v1/namespaces/default/serviceaccounts", {"metadata": {"name": "default"}}
+        )
+        yield admin
+        for pod in (admin.get(f"{PODS}?fieldSelector=spec.nodeName={NODE}") or {})["items"]:
+            admin.delete(f"{PODS}/{pod['metadata']['name']}", grace=0)
+
+
+@pytest.fixture
+def agent(
+    control_plane: ControlPlane, containerd: Containerd, tmp_path: Path, api: Api
+) -> Iterator[AgentProcess]:
+    kubeconfig = control_plane.node_kubeconfig(NODE)
+    with running_agent(tmp_path, NODE, kubeconfig, containerd.endpoint, control_plane.ca) as run:
+        try:
+            yield run
+        finally:
+            print(run.text()[-6000:])  # shown by pytest when the test fails
+
+
+def running(pod: JSON | None) -> bool:
+    return (
+        bool(pod) and pod["status"].get("phase") == "Running" and condition(pod, "Ready") == "True"
+    )
+
+
+def containers_of(containerd: Containerd, uid: str) -> list[str]:
+    out = containerd.ctr("containers", "ls", "-q", f'labels."io.kubernetes.pod.uid"=={uid}')
+    return out.split()
+
+
+def test_api_pod_runs_reports_status_restarts_and_is_deleted(
+    agent: AgentProcess, api: Api, containerd: Containerd
+) -> None:
+    manifest = pod_manifest(
+        "crashy", NODE, containerd.BUSYBOX_TAGGED, ["sh", "-c", "sleep 4; exit 3"]
+    )
+    created = api.create(PODS, manifest)
+    uid = created["metadata"]["uid"]
+    pod = api.wait(f"{PODS}/crashy", running, what="crashy Running and Ready")
+    assert pod is not None
+    status = pod["status"]
+    assert status["podIP"].startswith("10.") and status["hostIP"] == "127.0.0.1"
+    main = container_status(pod)
+    assert main["ready"] and main["containerID"].startswith("containerd://")
+    assert main["imageID"] and main["restartCount"] == 0
+    assert main["containerID"].removeprefix("containerd://") in containers_of(containerd, uid)
+    assert status["qosClass"] == "BestEffort" and status.get("startTime")
+
+    pod = api.wait(
+        f"{PODS}/crashy",
+        lambda p: container_status(p).get("restartCount", 0) >= 1,
+        timeout=40,
+        what="a restart after the crash",
+    )
+    last = container_status(pod)["lastState"]["terminated"]
+    assert last["exitCode"] == 3 and last["reason"] == "Error"
+
+    api.delete(f"{PODS}/crashy")  # graceful: the agent kills, then removes the object
+    api.wait(f"{PODS}/crashy", lambda p: p is None, timeout=60, what="crashy deleted")
+    deadline = time.monotonic() + 20
+    while containers_of(containerd, uid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert containers_of(containerd, uid) == []
+
+
+def test_static_pod_gets_a_mirror_pod_recreated_when_deleted_removed_with_the_file(
+    agent: AgentProcess, api: Api, tmp_path: Path, containerd: Containerd
+) -> None:
+    manifest = tmp_path / "manifests" / "static.yaml"
+    manifest.write_text(f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: static-web, namespace: default}}
+spec:
+  containers:
+  - {{name: web, image: {containerd.BUSYBOX_TAGGED}, imagePullPolicy: IfNotPresent,
+     command: [sleep, "3600"]}}
+""")
+    path = f"{PODS}/static-web-{NODE}"
+    mirror = api.wait(path, running, what="the mirror pod, Running")
+    assert mirror is not None
+    meta = mirror["metadata"]
+    assert "kubernetes.io/config.mirror" in meta["annotations"]
+    assert (
+        meta["ownerReferences"][0]["kind"] == "Node" and meta["ownerReferences"][0]["name"] == NODE
+    )
+    static_uid = meta["annotations"].get("kubernetes.io/config.hash")
+    assert static_uid
+
+    api.delete(path, grace=0)
+    again = api.wait(
+        path,
+        lambda p: p is not None and p["metadata"]["uid"] != meta["uid"],
+        timeout=30,
+        what="the mirror pod, recreated",
+    )
+    assert running(api.wait(path, running, what="the recreated mirror, Running"))
+    assert again is not None
+
+    manifest.unlink()
+    api.wait(path, lambda p: p is None, timeout=30, what="the mirror pod gone with its file")
+
+
+def test_agent_killed_and_restarted_keeps_containers_and_status(
+    agent: AgentProcess, api: Api, containerd: Containerd
+) -> None:
+    api.create(PODS, pod_manifest("steady", NODE, containerd.BUSYBOX_TAGGED, ["sleep", "3600"]))
+    pod = api.wait(f"{PODS}/steady", running, what="steady Running")
+    assert pod is not None
+    uid, before = pod["metadata"]["uid"], container_status(pod)["containerID"]
+
+    agent.kill()
+    agent.start()
+    time.sleep(8)  # a few relists and status rounds of the new agent
+    pod = api.wait(f"{PODS}/steady", running, what="steady still Running")
+    assert container_status(pod)["containerID"] == before
+    assert container_status(pod)["restartCount"] == 0
+    assert len(containers_of(containerd, uid)) == 2  # the sandbox and the one container
+
+
+def test_api_server_down_for_a_while_loses_nothing(
+    agent: AgentProcess,
+    api: Api,
+    control_plane: ControlPlane,
+    containerd: Containerd,
+    tmp_path: Path,
+) -> None:
+    api.create(
+        PODS,
+        pod_manifest("survivor", NODE, containerd.BUSYBOX_TAGGED, ["sh", "-c", "sleep 15; exit 1"]),
+    )
+    pod = api.wait(f"{PODS}/survivor", running, what="survivor Running")
+    assert pod is not None
+    uid = pod["metadata"]["uid"]
+
+    control_plane.stop_apiserver()
+    try:
+        time.sleep(30)  # the container crashes and restarts while nobody can be told
+    finally:
+        control_plane.start_apiserver()
+    pod = api.wait(
+        f"{PODS}/survivor",
+        lambda p: container_status(p).get("restartCount", 0) >= 1,
+        timeout=60,
+        what="the restart made while the API server was down",
+    )
+    assert pod is not None and pod["metadata"]["uid"] == uid
+    assert "Traceback" not in agent.text()
+    names = [c for c in containers_of(containerd, uid)]
+    assert len(names) <= 3  # sandbox + at most the current and the previous instance

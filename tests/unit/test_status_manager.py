@@ -1,0 +1,139 @@
+"""Pure parts of the API side: merge patches, the status to send, the pod the reconciler sees."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trio_kubelet.sources.apiserver import APIPods, pod_to_run
+from trio_kubelet.status.manager import desired_status
+from trio_kubelet.status.merge_patch import merge_patch
+from trio_kubelet.status.mirror import mirror_is_current, mirror_pod
+
+
+def apply_merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386's reference algorithm, to check the patches against."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = apply_merge_patch(result.get(key), value)
+    return result
+
+
+json_values = st.recursive(
+    st.integers() | st.text(max_size=3) | st.booleans(),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+json_objects = st.dictionaries(st.text(max_size=3), json_values, max_size=4)
+
+
+@given(json_objects, json_objects)
+def test_merge_patch_turns_old_into_new(old: dict[str, Any], new: dict[str, Any]) -> None:
+    patch = merge_patch(old, new)
+    assert apply_merge_patch(old, patch) == new
+    assert (patch == {}) == (old == new)
+
+
+def test_status_merge_keeps_foreign_conditions_and_fields() -> None:
+    api = {
+        "phase": "Pending",
+        "message": "old",
+        "nominatedNodeName": "n",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "example.com/gate", "status": "False"},
+        ],
+    }
+    ours = {
+        "phase": "Running",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Ready", "status": "True"},
+        ],
+    }
+    wanted = desired_status(api, ours)
+    assert wanted == {
+        "phase": "Running",
+        "nominatedNodeName": "n",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Ready", "status": "True"},
+            {"type": "example.com/gate", "status": "False"},
+        ],
+    }
+    assert merge_patch(api, wanted)["message"] is None  # a stale message is cleared
+
+
+def test_terminal_phase_in_the_api_never_regresses() -> None:
+    assert desired_status({"phase": "Succeeded"}, {"phase": "Running"}) is None
+    assert desired_status({"phase": "Failed"}, {"phase": "Failed", "reason": "x"}) is not None
+
+
+def api_pod(name: str = "web", **meta: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": f"uid-{name}",
+            "resourceVersion": "7",
+            "managedFields": [{"manager": "kubectl"}],
+            **meta,
+        },
+        "spec": {"nodeName": "n", "containers": [{"name": "c", "image": "busybox"}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def test_status_only_changes_do_not_change_the_pod_to_run() -> None:
+    first = api_pod()
+    second = {**api_pod(), "status": {"phase": "Running"}}
+    second["metadata"]["resourceVersion"] = "8"
+    assert pod_to_run(first) == pod_to_run(second)
+    assert pod_to_run(first).metadata.annotations["kubernetes.io/config.source"] == "api"
+
+
+def test_api_pods_set_aside_mirrors_and_reject_invalid_pods() -> None:
+    pods = APIPods()
+    pods.take(api_pod("web"))
+    pods.take(api_pod("static-n", annotations={"kubernetes.io/config.mirror": "h"}))
+    bad = api_pod("bad")
+    bad["spec"]["containers"][0]["resources"] = {"limits": {"memory": "lots"}}
+    pods.take(bad)
+    update = pods.update()
+    assert [p.metadata.name for p in update.pods] == ["web"]
+    assert list(pods.mirrors) == ["default/static-n"]
+    assert "memory" in pods.rejected["uid-bad"].reason
+    assert [p.file for p in update.problems] == ["default/bad"]
+    pods.forget(api_pod("static-n"))
+    pods.forget(api_pod("static-n", uid="uid-static-n"))
+    assert pods.mirrors == {}
+
+
+def test_mirror_pod_names_its_node_and_its_static_pods_hash() -> None:
+    static = pod_to_run(api_pod("etcd-n", annotations={"kubernetes.io/config.hash": "abc"}))
+    mirror = mirror_pod(static, "n", "node-uid")
+    assert mirror["metadata"]["annotations"]["kubernetes.io/config.mirror"] == "abc"
+    assert mirror["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": "n", "uid": "node-uid", "controller": True}
+    ]
+    assert "uid" not in mirror["metadata"] and "status" not in mirror
+    assert mirror_is_current(mirror, static)
+    edited = static.model_copy(
+        update={
+            "metadata": static.metadata.model_copy(
+                update={"annotations": {"kubernetes.io/config.hash": "def"}}
+            )
+        }
+    )
+    assert not mirror_is_current(mirror, edited)
