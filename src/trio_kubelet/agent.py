@@ -23,6 +23,7 @@ from trio_kubelet.images.manager import ImageManager
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.pod import Pod
+from trio_kubelet.node.manager import NodeManager, RuntimeProbe
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import WorkerContext
 from trio_kubelet.replay.recorder import Recorder
@@ -31,12 +32,14 @@ from trio_kubelet.runtime.client import CRIClient, Observer, open_cri_client
 from trio_kubelet.runtime.errors import CRIError
 from trio_kubelet.server.auth import ReviewClient
 from trio_kubelet.server.routes_logs import logs_blueprint
-from trio_kubelet.server.routes_node import node_blueprints
+from trio_kubelet.server.routes_node import node_blueprints, pleg_error
 from trio_kubelet.server.routes_stats import stats_blueprint
 from trio_kubelet.server.routes_streaming import streaming_blueprint
 from trio_kubelet.server.serve import ServerAddresses, run_servers
 from trio_kubelet.server.view import NodeView
 from trio_kubelet.sources.apiserver import API_SOURCE, APIPods, run_api_source
+from trio_kubelet.sources.manifest_url import SOURCE as URL_SOURCE
+from trio_kubelet.sources.manifest_url import run_manifest_url
 from trio_kubelet.sources.oom import OOMWatcher
 from trio_kubelet.sources.pleg import run_pleg
 from trio_kubelet.sources.sampler import Sampler
@@ -94,40 +97,61 @@ async def _stop_on_signal(cancel_scope: trio.CancelScope) -> None:
 def pod_sources(options: AgentOptions) -> list[str]:
     """The pod sources this configuration enables (each must report before orphans go)."""
     sources = ["file"] if options.config.static_pod_path else []
+    if options.config.static_pod_url:
+        sources.append(URL_SOURCE)
     if options.kubeconfig is not None:
         sources.append(API_SOURCE)
     return sources
 
 
-def open_api_client(options: AgentOptions) -> APIClient | None:
+def open_api_client(options: AgentOptions, metrics: AgentMetrics) -> APIClient | None:
     """The API-server client ``--kubeconfig`` asks for; raises KubeconfigError if unusable."""
     if options.kubeconfig is None:
         return None
     connection = load_kubeconfig(options.kubeconfig)
     config = options.config
     log.info("Using API server %s (kubeconfig %s)", connection.server, options.kubeconfig)
-    return APIClient(connection, qps=config.kube_api_qps, burst=config.kube_api_burst)
+    return APIClient(
+        connection,
+        qps=config.kube_api_qps,
+        burst=config.kube_api_burst,
+        observer=metrics.api_observer,
+    )
 
 
 async def _run_cluster_tasks(
     nursery: trio.Nursery,
     send: trio.MemorySendChannel[Event],
     api: APIClient,
+    cri: CRIClient,
     options: AgentOptions,
     loop: SyncLoop,
     store: PodStatusStore,
     clock: TrioWallClock,
 ) -> None:
-    """The API-server side: pod source, pod statuses, mirror pods."""
+    """The API-server side: the Node and its Lease, pod source, pod statuses, mirror pods."""
+    probe = RuntimeProbe(cri)
+    await probe.probe()  # the first answer, before the first node status
+    nursery.start_soon(probe.run)
+    started = trio.current_time()
+    health = probe.health(lambda: pleg_error(trio.current_time(), loop.last_relist_ok, started))
+    node = NodeManager(api, options, health, clock)
+    await nursery.start(node.run)
     pods = APIPods()
     nursery.start_soon(run_api_source, send.clone(), api, options.node_name, pods)
 
     def static_pods() -> dict[str, Pod] | None:
-        if not options.config.static_pod_path:
-            return {}
-        return loop.config.pod_sets().get("file")
+        """The file and URL sources' pods, once every one of them has reported."""
+        sets = loop.config.pod_sets()
+        merged: dict[str, Pod] = {}
+        for source in pod_sources(options):
+            if source != API_SOURCE:
+                if source not in sets:
+                    return None
+                merged.update(sets[source])
+        return merged
 
-    mirrors = MirrorPods(api, pods, options.node_name, static_pods)
+    mirrors = MirrorPods(api, pods, options.node_name, static_pods, lambda: node.node_uid)
     nursery.start_soon(mirrors.run)
     statuses = StatusManager(
         api, store, pods, mirror_of=mirrors.mirror_of, wall_time=lambda: rfc3339(clock.now())
@@ -208,7 +232,7 @@ async def run_agent(
     metrics = AgentMetrics(options.node_name)
     loops: list[SyncLoop] = []
     recorder = _start_recorder(options, clock, lambda: loops[0])
-    api = open_api_client(options)
+    api = open_api_client(options, metrics)
     async with trio.open_nursery() as top:
         top.start_soon(_stop_on_signal, top.cancel_scope)
         if recorder is not None:
@@ -257,7 +281,21 @@ async def run_agent(
                         )
                     )
                 if api is not None:
-                    await _run_cluster_tasks(nursery, send, api, options, loop, store, clock)
+                    await _run_cluster_tasks(
+                        nursery, send, api, client, options, loop, store, clock
+                    )
+                if config.static_pod_url:
+                    await nursery.start(
+                        partial(
+                            run_manifest_url,
+                            send.clone(),
+                            config.static_pod_url,
+                            config.static_pod_url_header,
+                            options.node_name,
+                            check_frequency=config.http_check_frequency,
+                            wall_clock=clock.now,
+                        )
+                    )
                 nursery.start_soon(partial(run_pleg, send.clone(), client, metrics=metrics))
                 nursery.start_soon(_resync, send.clone(), config.sync_frequency)
                 await nursery.start(partial(oom.run, send.clone(), client))

@@ -157,6 +157,11 @@ class AgentMetrics:
                                             "Number of the inflight http requests",
                                             http_labels, registry=r)
 
+        self.rest_client_requests = Counter(
+            "rest_client_requests_total",
+            "Number of HTTP requests, partitioned by status code, method, and host.",
+            ["code", "host", "method"], registry=r)
+
         self.prober_probe_total = Counter(
             "prober_probe_total", "Cumulative number of a liveness, readiness or startup probe "
             "for a container by result.",
@@ -166,6 +171,10 @@ class AgentMetrics:
             "prober_probe_duration_seconds", "Duration in seconds for a probe response.",
             ["probe_type", "container", "pod", "namespace"], buckets=DEF_BUCKETS,
             registry=self.probe_registry)
+
+    def api_observer(self, host: str, method: str, code: int | None) -> None:
+        """An `apiserver.client.APIClient` observer: count requests as client-go does."""
+        self.rest_client_requests.labels(str(code) if code else "<error>", host, method).inc()
 
     def cri_observer(self, method: str, request: Any, outcome: Any, duration: float) -> None:
         """A `runtime.client.Observer`: count and time every CRI call, and its errors."""

@@ -39,14 +39,15 @@ async def test_requests_carry_json_token_and_patch_content_type() -> None:
         seen.append(request)
         return httpx.Response(200, json={"kind": "Pod"})
 
-    client = client_for(handler)
+    observed: list[tuple[str, str, int | None]] = []
+    client = client_for(handler, observer=lambda *seen: observed.append(seen))
     await client.patch("/api/v1/namespaces/a/pods/b/status", {"status": {}}, kind="merge")
     request = seen[0]
     assert request.method == "PATCH"
     assert request.headers["Content-Type"] == "application/merge-patch+json"
     assert request.headers["Authorization"] == "Bearer sekrit"
     assert json.loads(request.content) == {"status": {}}
-    assert client.requests == 1
+    assert observed == [("api.test", "PATCH", 200)]
 
 
 @pytest.mark.parametrize(

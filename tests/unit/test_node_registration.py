@@ -224,12 +224,18 @@ def test_not_ready_reasons_reach_the_ready_condition() -> None:
 
 def test_foreign_capacity_is_kept_and_becomes_allocatable() -> None:
     previous = {
-        "capacity": {"example.com/dongle": "4", "hugepages-32Mi": "0", "cpu": "64"},
+        "capacity": {
+            "example.com/dongle": "4",
+            "example.com/cache": "1Gi",
+            "hugepages-32Mi": "0",
+            "cpu": "64",
+        },
         "allocatable": {"example.com/dongle": "2"},
     }
     status = node_status(options(), INPUTS, previous, NOW)
     assert status["capacity"]["example.com/dongle"] == "4"
     assert status["allocatable"]["example.com/dongle"] == "4"
+    assert status["allocatable"]["example.com/cache"] == "1Gi"
     assert status["capacity"]["cpu"] == "4"
     assert "hugepages-32Mi" not in status["capacity"]
 

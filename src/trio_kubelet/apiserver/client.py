@@ -30,6 +30,8 @@ PATCH_CONTENT_TYPES: dict[PatchType, str] = {
 }
 REQUEST_TIMEOUT = 30.0
 JSON = dict[str, Any]
+# Told of every request: host, method, HTTP status (None when there was no answer).
+RequestObserver = Callable[[str, str, int | None], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,7 @@ class APIClient:
         timeout: float = REQUEST_TIMEOUT,
         clock: Callable[[], float] = trio.current_time,
         transport: httpx.AsyncBaseTransport | None = None,
+        observer: RequestObserver | None = None,
     ) -> None:
         headers = {
             "User-Agent": f"trio-kubelet/{__version__}",
@@ -67,7 +70,8 @@ class APIClient:
         )
         self._bucket = TokenBucket(qps, burst)
         self._clock = clock
-        self.requests = 0  # every request sent (the per-pod request count of the bench)
+        self._observer = observer
+        self._host = httpx.URL(connection.server).netloc.decode()
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -81,7 +85,10 @@ class APIClient:
         delay = self._bucket.reserve(self._clock())
         if delay > 0:
             await trio.sleep(delay)
-        self.requests += 1
+
+    def _observe(self, method: str, code: int | None) -> None:
+        if self._observer is not None:
+            self._observer(self._host, method, code)
 
     async def request(
         self,
@@ -101,7 +108,9 @@ class APIClient:
                 method, path, params=params, content=content, headers=headers
             )
         except httpx.HTTPError as err:
+            self._observe(method, None)
             raise Unreachable(f"{method} {path}: {type(err).__name__}: {err}") from None
+        self._observe(method, response.status_code)
         return _answer(method, path, response)
 
     async def get(self, path: str, params: Mapping[str, str | int] | None = None) -> JSON:
@@ -130,13 +139,18 @@ class APIClient:
         await self._throttle()
         query = {**params, "watch": "true"}
         timeout = httpx.Timeout(REQUEST_TIMEOUT, read=None)
+        answered = False
         try:
             async with self._http.stream("GET", path, params=query, timeout=timeout) as response:
+                answered = True
+                self._observe("WATCH", response.status_code)
                 if response.status_code >= 300:
                     await response.aread()
                     raise _answer_error(response)
                 yield _events(response)
         except httpx.HTTPError as err:
+            if not answered:
+                self._observe("WATCH", None)
             raise Unreachable(f"watch {path}: {type(err).__name__}: {err}") from None
 
 

@@ -123,17 +123,13 @@ def node_conditions(
         ready = ("True", "KubeletReady", "kubelet is posting ready status")
 
     def updated(old: Mapping[str, Any] | None, kind: str) -> dict[str, Any]:
-        if kind == READY:
-            status, reason, message = ready
-        else:
-            status, reason, message = _PRESSURE[kind][pressure[kind]]
-            if old is not None and old.get("status") == status:
-                # An unchanged pressure condition keeps its wording (Go only rewrites it on
-                # a transition).
-                reason, message = old.get("reason", reason), old.get("message", message)
-        transition = stamp
-        if old is not None and old.get("status") == status:
-            transition = str(old.get("lastTransitionTime") or stamp)
+        status, reason, message = ready if kind == READY else _PRESSURE[kind][pressure[kind]]
+        if old is None or old.get("status") != status:
+            return _condition(kind, status, reason, message, stamp, stamp)
+        if kind != READY:
+            # Go rewrites a pressure condition's wording only on a transition.
+            reason, message = old.get("reason", reason), old.get("message", message)
+        transition = str(old.get("lastTransitionTime") or stamp)
         return _condition(kind, status, reason, message, stamp, transition)
 
     result: list[dict[str, Any]] = []

@@ -193,17 +193,17 @@ class NodeManager:
     async def register(self) -> None:
         """Create the Node (or adopt the existing one), retrying until the API server agrees."""
         name = self.options.node_name
-        delay = REGISTER_FIRST_DELAY
+        step, retry_after = REGISTER_FIRST_DELAY, 0.0
         while True:
-            await trio.sleep(delay)
-            delay = min(delay * 2, REGISTER_MAX_DELAY)
+            await trio.sleep(max(step, retry_after))
+            step = min(step * 2, REGISTER_MAX_DELAY)
             node = initial_node(self.options, await self._inputs(), self.clock.now())
             log.info("Attempting to register node %s", name)
             try:
                 await self._try_register(node)
             except APIError as err:
                 log.error("Unable to register node %s with the API server: %s", name, err)
-                delay = max(delay, err.retry_after or 0.0)
+                retry_after = err.retry_after or 0.0  # a 429's Retry-After, if longer
                 continue
             log.info("Successfully registered node %s", name)
             self.registered.set()

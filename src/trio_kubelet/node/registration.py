@@ -51,8 +51,10 @@ DEFAULT_LABELS = (
     BETA_ARCH_LABEL,
 )
 HUGEPAGES_PREFIX = "hugepages-"
-# Status fields the kubelet owns and compares; the rest of the status belongs to others.
-OWNED_MACHINE_RESOURCES = ("cpu", "memory", "pods", "ephemeral-storage")
+# Capacity computed from the machine (with the hugepages-* sizes); other capacity entries,
+# such as extended resources someone advertised, are carried over as they are.
+MACHINE_RESOURCES = ("cpu", "memory", "pods", "ephemeral-storage")
+_BINARY_SUFFIX = re.compile(r"[KMGTPE]i$")
 
 
 @dataclass(frozen=True)
@@ -275,9 +277,9 @@ def node_status(
     """
     config = options.config
     capacity = {
-        name: Amount(value)
-        for name, value in _amounts(previous.get("capacity") or {}).items()
-        if name not in OWNED_MACHINE_RESOURCES and not name.startswith(HUGEPAGES_PREFIX)
+        name: Amount(parse_quantity(text), binary=bool(_BINARY_SUFFIX.search(text)))
+        for name, text in (previous.get("capacity") or {}).items()
+        if name not in MACHINE_RESOURCES and not name.startswith(HUGEPAGES_PREFIX)
     }
     capacity.update(machine_capacity(inputs.machine, config.max_pods))
     reservation = allocatable_reservation(

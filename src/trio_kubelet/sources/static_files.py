@@ -35,6 +35,10 @@ Deliberate differences from the Go kubelet:
 Manifests are small local files, so the scan runs inline in the trio thread rather
 than in a worker thread: that keeps the source deterministic under
 ``trio.testing.MockClock`` and costs nothing measurable.
+
+The rules for one manifest (``parse_manifest``, ``static_pod``, ``static_pod_uid``) and
+the bookkeeping of what a static source sent (``StaticPodReporter``) are shared with
+the manifest URL source (``sources/manifest_url.py``), whose pods are static pods too.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -89,21 +93,26 @@ class _Rejected(Exception):
     """A document, or part of one, that cannot become a pod; the message names the field."""
 
 
-# --- one file -------------------------------------------------------------------------------
+# --- one manifest ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class FileManifests:
-    """What one manifest file yields: its pods, or the problems that reject it."""
+class ParsedManifest:
+    """What one manifest (a file, or a URL's response body) yields: its pods, or its problems."""
 
     pods: tuple[Pod, ...] = ()
     problems: tuple[ManifestProblem, ...] = ()
 
 
-def static_pod_uid(node_name: str, file: str, namespace: str, name: str) -> str:
-    """The UID of a static pod without ``metadata.uid``: stable across edits of its manifest."""
+def static_pod_uid(
+    node_name: str, location: str, namespace: str, name: str, source: str = SOURCE
+) -> str:
+    """The UID of a static pod without ``metadata.uid``: stable across edits of its manifest.
+
+    ``location`` is the file path or the URL; ``source`` keeps a file and a URL apart.
+    """
     digest = hashlib.sha256()
-    for part in (f"host:{node_name}", f"file:{file}", namespace, name):
+    for part in (f"host:{node_name}", f"{source}:{location}", namespace, name):
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:32]
@@ -146,8 +155,14 @@ def _with_no_execute_toleration(tolerations: Any) -> list[Any]:
     return [*tolerations, dict(NO_EXECUTE_TOLERATION)]
 
 
-def static_pod(document: Mapping[str, Any], file: str, node_name: str) -> Pod:
-    """A v1 Pod document from ``file`` with the static-pod defaults applied and validated."""
+def static_pod(
+    document: Mapping[str, Any], location: str, node_name: str, *, source: str = SOURCE
+) -> Pod:
+    """A v1 Pod document with the static-pod defaults applied and validated.
+
+    ``location`` (file path or URL) and ``source`` ("file" or "http") go into the UID
+    and the ``kubernetes.io/config.source`` annotation.
+    """
     meta = document.get("metadata")
     if meta is None:
         meta = {}
@@ -176,7 +191,7 @@ def static_pod(document: Mapping[str, Any], file: str, node_name: str) -> Pod:
             f"metadata.namespace: {_quote(namespace)} must be a lowercase RFC 1123 label "
             '(a-z, 0-9, "-")'
         )
-    uid = meta.get("uid") or static_pod_uid(node_name, file, namespace, name)
+    uid = meta.get("uid") or static_pod_uid(node_name, location, namespace, name, source)
     if not isinstance(uid, str):
         raise _Rejected(f"metadata.uid: expected a string, got {_shape(uid)}")
     annotations = meta.get("annotations")
@@ -193,7 +208,7 @@ def static_pod(document: Mapping[str, Any], file: str, node_name: str) -> Pod:
         "uid": uid,
         "annotations": {
             **annotations,
-            CONFIG_SOURCE_ANNOTATION: SOURCE,
+            CONFIG_SOURCE_ANNOTATION: source,
             CONFIG_HASH_ANNOTATION: content_hash(document),
         },
     }
@@ -229,12 +244,14 @@ def _check_type(document: Mapping[str, Any], kinds: Sequence[str], where: str = 
     return str(kind)
 
 
-def _pods_in_document(document: Any, file: str, node_name: str) -> list[tuple[str, Pod]]:
-    """``(location within the document, pod)`` for a Pod or each item of a PodList."""
+def _pods_in_document(
+    document: Any, location: str, node_name: str, source: str
+) -> list[tuple[str, Pod]]:
+    """``(place within the document, pod)`` for a Pod or each item of a PodList."""
     if not isinstance(document, dict):
         raise _Rejected(f"expected a mapping (a Pod or PodList), got {_shape(document)}")
     if _check_type(document, ("Pod", "PodList")) == "Pod":
-        return [("", static_pod(document, file, node_name))]
+        return [("", static_pod(document, location, node_name, source=source))]
     items = document.get("items")
     if items is None:
         return []
@@ -248,7 +265,7 @@ def _pods_in_document(document: Any, file: str, node_name: str) -> list[tuple[st
         item = {"apiVersion": "v1", "kind": "Pod", **item}
         _check_type(item, ("Pod",), where)
         try:
-            pods.append((where, static_pod(item, file, node_name)))
+            pods.append((where, static_pod(item, location, node_name, source=source)))
         except _Rejected as exc:
             raise _Rejected(f"{where}.{exc}") from None
     return pods
@@ -273,27 +290,44 @@ def _documents(text: str, suffix: str) -> list[Any]:
         raise _Rejected(describe_yaml_error(exc)) from None
 
 
-def read_manifest_file(file: Path, node_name: str) -> FileManifests:
+def _rejected(location: str, reason: str) -> ParsedManifest:
+    return ParsedManifest(problems=(ManifestProblem(file=location, reason=reason),))
+
+
+def read_manifest_file(file: Path, node_name: str) -> ParsedManifest:
     """The static pods of one manifest file, or every problem found in it."""
-    name = str(file)
-
-    def rejected(reason: str) -> FileManifests:
-        return FileManifests(problems=(ManifestProblem(file=name, reason=reason),))
-
     try:
         raw = file.read_bytes()
     except OSError as exc:
-        return rejected(f"cannot read file: {exc.strerror or exc}")
+        return _rejected(str(file), f"cannot read file: {exc.strerror or exc}")
+    return parse_manifest(raw, str(file), node_name, suffix=file.suffix)
+
+
+def parse_manifest(
+    raw: bytes,
+    location: str,
+    node_name: str,
+    *,
+    source: str = SOURCE,
+    suffix: str = "",
+    container: str = "file",
+) -> ParsedManifest:
+    """The static pods in one manifest's bytes, or every problem found in them.
+
+    ``location`` (file path or URL) names the problems and goes into the UIDs with
+    ``source``; ``suffix`` (".json") says to try JSON first; ``container`` is what the
+    bytes came in, for the message about an empty one.
+    """
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        return rejected(f"not UTF-8 text (invalid byte at offset {exc.start})")
+        return _rejected(location, f"not UTF-8 text (invalid byte at offset {exc.start})")
     try:
-        documents = _documents(text, file.suffix)
+        documents = _documents(text, suffix)
     except _Rejected as exc:
-        return rejected(str(exc))
+        return _rejected(location, str(exc))
     if all(document is None for document in documents):
-        return rejected("no pod manifest in file (it is empty)")
+        return _rejected(location, f"no pod manifest in {container} (it is empty)")
 
     several = len(documents) > 1
     found: list[tuple[str, Pod]] = []
@@ -303,30 +337,30 @@ def read_manifest_file(file: Path, node_name: str) -> FileManifests:
             continue
         prefix = f"document {number}" if several else ""
         try:
-            pods = _pods_in_document(document, name, node_name)
+            pods = _pods_in_document(document, location, node_name, source)
         except _Rejected as exc:
             reason = f"{prefix}: {exc}" if prefix else str(exc)
-            problems.append(ManifestProblem(file=name, reason=reason))
+            problems.append(ManifestProblem(file=location, reason=reason))
             continue
         found.extend((", ".join(filter(None, (prefix, where))), pod) for where, pod in pods)
-    problems.extend(_duplicates_within(name, found))
+    problems.extend(_duplicates_within(location, found))
     if problems:
-        return FileManifests(problems=tuple(problems))
-    return FileManifests(pods=tuple(pod for _, pod in found))
+        return ParsedManifest(problems=tuple(problems))
+    return ParsedManifest(pods=tuple(pod for _, pod in found))
 
 
 def _pod_key(pod: Pod) -> str:
     return f"{pod.metadata.namespace}/{pod.metadata.name}"
 
 
-def _duplicates_within(file: str, found: Sequence[tuple[str, Pod]]) -> list[ManifestProblem]:
+def _duplicates_within(location: str, found: Sequence[tuple[str, Pod]]) -> list[ManifestProblem]:
     first_at: dict[str, str] = {}
     problems = []
     for where, pod in found:
         key = _pod_key(pod)
         if key in first_at:
             reason = f"{where}: duplicate pod {_quote(key)} (also defined by {first_at[key]})"
-            problems.append(ManifestProblem(file=file, reason=reason))
+            problems.append(ManifestProblem(file=location, reason=reason))
         else:
             first_at[key] = where
     return problems
@@ -352,7 +386,7 @@ class ManifestScan:
     path_exists: bool = True
     # Per file: (inode, mtime, size) when read, and what reading it gave; an unchanged
     # file is not read or parsed again.
-    read: Mapping[str, tuple[tuple[int, int, int], FileManifests]] = field(default_factory=dict)
+    read: Mapping[str, tuple[tuple[int, int, int], ParsedManifest]] = field(default_factory=dict)
 
 
 def _manifest_files(path: Path) -> tuple[list[Path] | None, list[ManifestProblem], bool]:
@@ -448,7 +482,7 @@ def load_manifests(
         )
     good: dict[str, tuple[Pod, ...]] = {}
     stale: set[str] = set()
-    read: dict[str, tuple[tuple[int, int, int], FileManifests]] = {}
+    read: dict[str, tuple[tuple[int, int, int], ParsedManifest]] = {}
     for file in files:
         result = _read_if_changed(file, node_name, previous, read)
         problems.extend(result.problems)
@@ -473,8 +507,8 @@ def _read_if_changed(
     file: Path,
     node_name: str,
     previous: ManifestScan,
-    read: dict[str, tuple[tuple[int, int, int], FileManifests]],
-) -> FileManifests:
+    read: dict[str, tuple[tuple[int, int, int], ParsedManifest]],
+) -> ParsedManifest:
     """The file's manifests, reusing the previous scan's result when the file is unchanged."""
     try:
         st = file.stat()
@@ -525,54 +559,58 @@ def _rfc3339(epoch_seconds: float) -> str:
     return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-class _StaticPodFiles:
-    """The state between scans: last good versions, what was sent, what was logged."""
+Log = logging.Logger | logging.LoggerAdapter[logging.Logger]
+
+
+class StaticPodReporter:
+    """What a static pod source sent last, so that it sends and logs only what changed.
+
+    It stamps ``kubernetes.io/config.seen`` (when this agent first saw each pod UID),
+    logs each problem once when it appears and once when it is resolved, and drops
+    an update equal to the previous one. ``subject`` names a problem's location in
+    the log ("static pod manifest", "static pod URL").
+    """
 
     def __init__(
-        self,
-        path: Path,
-        node_name: str,
-        log: logging.Logger | logging.LoggerAdapter[logging.Logger],
-        wall_clock: Callable[[], float],
+        self, source: str, subject: str, log: Log, wall_clock: Callable[[], float]
     ) -> None:
-        self.path = path
-        self.node_name = node_name
+        self.source = source
+        self.subject = subject
         self.log = log
         self.wall_clock = wall_clock
-        self.scan = ManifestScan()
         self.first_seen: dict[str, str] = {}
         self.logged: set[ManifestProblem] = set()
-        self.missing_reported = False
         self.last_sent: tuple[list[dict[str, Any]], tuple[ManifestProblem, ...]] | None = None
 
-    def rescan(self) -> PodSetUpdate | None:
-        """Scan the path; the update to send, or None when nothing changed since the last one."""
-        self.scan = load_manifests(self.path, self.node_name, previous=self.scan)
-        self._log_changes(self.scan)
-        pods = self._stamp_first_seen(self.scan.pods)
-        sent = ([pod.to_api() for pod in pods], self.scan.problems)
+    def update(
+        self,
+        pods: Sequence[Pod],
+        problems: Sequence[ManifestProblem],
+        stale: Collection[str] = (),
+    ) -> PodSetUpdate | None:
+        """The update to send for the source's current pods and problems, or None if unchanged.
+
+        ``stale`` holds the locations whose last good pods are kept despite a problem.
+        """
+        self._log_problems(problems, stale)
+        stamped = self._stamp_first_seen(pods)
+        sent = ([pod.to_api() for pod in stamped], tuple(problems))
         if sent == self.last_sent:
             return None
         self.last_sent = sent
-        return PodSetUpdate(source=SOURCE, pods=list(pods), problems=list(self.scan.problems))
+        return PodSetUpdate(source=self.source, pods=stamped, problems=list(problems))
 
-    def _log_changes(self, scan: ManifestScan) -> None:
-        if not scan.path_exists and not self.missing_reported:
-            self.log.info("static pod path %s does not exist yet; waiting for it", self.path)
-        elif scan.path_exists and self.missing_reported:
-            self.log.info("static pod path %s appeared", self.path)
-        self.missing_reported = not scan.path_exists
-        current = set(scan.problems)
-        for problem in scan.problems:
+    def _log_problems(self, problems: Sequence[ManifestProblem], stale: Collection[str]) -> None:
+        current = set(problems)
+        for problem in problems:
             if problem not in self.logged:
-                kept = " (keeping its last good pods)" if problem.file in scan.stale else ""
-                self.log.warning("static pod manifest %s: %s%s", problem.file, problem.reason, kept)
+                kept = " (keeping its last good pods)" if problem.file in stale else ""
+                self.log.warning("%s %s: %s%s", self.subject, problem.file, problem.reason, kept)
         for problem in self.logged - current:
-            self.log.info("static pod manifest %s: resolved: %s", problem.file, problem.reason)
+            self.log.info("%s %s: resolved: %s", self.subject, problem.file, problem.reason)
         self.logged = current
 
     def _stamp_first_seen(self, pods: Sequence[Pod]) -> list[Pod]:
-        """Add ``kubernetes.io/config.seen``: when this agent first saw each pod UID."""
         stamped = []
         now: str | None = None
         for pod in pods:
@@ -588,6 +626,30 @@ class _StaticPodFiles:
         return stamped
 
 
+class _StaticPodFiles:
+    """The state between scans: last good versions and whether the path was missing."""
+
+    def __init__(
+        self, path: Path, node_name: str, log: Log, wall_clock: Callable[[], float]
+    ) -> None:
+        self.path = path
+        self.node_name = node_name
+        self.log = log
+        self.scan = ManifestScan()
+        self.missing_reported = False
+        self.reporter = StaticPodReporter(SOURCE, "static pod manifest", log, wall_clock)
+
+    def rescan(self) -> PodSetUpdate | None:
+        """Scan the path; the update to send, or None when nothing changed since the last one."""
+        self.scan = load_manifests(self.path, self.node_name, previous=self.scan)
+        if not self.scan.path_exists and not self.missing_reported:
+            self.log.info("static pod path %s does not exist yet; waiting for it", self.path)
+        elif self.scan.path_exists and self.missing_reported:
+            self.log.info("static pod path %s appeared", self.path)
+        self.missing_reported = not self.scan.path_exists
+        return self.reporter.update(self.scan.pods, self.scan.problems, self.scan.stale)
+
+
 async def run_static_files(
     send: trio.MemorySendChannel[Event],
     path: Path,
@@ -595,7 +657,7 @@ async def run_static_files(
     *,
     check_frequency: float = 20.0,
     poll_interval: float = 1.0,
-    log: logging.Logger | logging.LoggerAdapter[logging.Logger] = logger,
+    log: Log = logger,
     wall_clock: Callable[[], float] = time.time,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:

@@ -73,12 +73,13 @@ class MirrorPods:
         api: APIPods,
         node_name: str,
         static_pods: Callable[[], dict[str, Pod] | None],
+        node_uid: Callable[[], str | None],
     ) -> None:
         self.client = client
         self.api = api
         self.node_name = node_name
         self.static_pods = static_pods  # by UID; None until the file source has reported
-        self._node_uid = ""
+        self.node_uid = node_uid  # None until the Node is registered (it owns the mirrors)
 
     def mirror_of(self, pod: Pod) -> JSON | None:
         """The current mirror of static pod ``pod``, for its status."""
@@ -101,7 +102,8 @@ class MirrorPods:
 
     async def sync(self) -> None:
         static = self.static_pods()
-        if static is None or not self.api.synced:
+        node_uid = self.node_uid()
+        if static is None or node_uid is None or not self.api.synced:
             return
         wanted = {f"{p.metadata.namespace}/{p.metadata.name}": p for p in static.values()}
         for key, mirror in list(self.api.mirrors.items()):
@@ -112,25 +114,16 @@ class MirrorPods:
                 )
         for key, pod in wanted.items():
             if key not in self.api.mirrors:
-                await self._create(pod)
+                await self._create(pod, node_uid)
 
-    async def _node(self) -> str:
-        if not self._node_uid:
-            node = await self.client.get(f"/api/v1/nodes/{self.node_name}")
-            self._node_uid = str(node["metadata"]["uid"])
-        return self._node_uid
-
-    async def _create(self, pod: Pod) -> None:
+    async def _create(self, pod: Pod, node_uid: str) -> None:
         try:
-            body = mirror_pod(pod, self.node_name, await self._node())
+            body = mirror_pod(pod, self.node_name, node_uid)
             created = await self.client.create(
                 f"/api/v1/namespaces/{pod.metadata.namespace}/pods", body
             )
         except AlreadyExists:
             return  # made by someone else, or still being deleted: seen on the next round
-        except NotFound:
-            log.info("No Node %s yet: mirror pod of %s waits", self.node_name, pod.full_name)
-            return
         except Unreachable:
             raise
         except APIError as err:
