@@ -124,6 +124,7 @@ async def _run_cluster_tasks(
     send: trio.MemorySendChannel[Event],
     api: APIClient,
     cri: CRIClient,
+    events: EventRecorder,
     options: AgentOptions,
     loop: SyncLoop,
     store: PodStatusStore,
@@ -135,7 +136,7 @@ async def _run_cluster_tasks(
     nursery.start_soon(probe.run)
     started = trio.current_time()
     health = probe.health(lambda: pleg_error(trio.current_time(), loop.last_relist_ok, started))
-    node = NodeManager(api, options, health, clock)
+    node = NodeManager(api, options, health, clock, events=events)
     await nursery.start(node.run)
     pods = APIPods()
     nursery.start_soon(run_api_source, send.clone(), api, options.node_name, pods)
@@ -282,7 +283,7 @@ async def run_agent(
                     )
                 if api is not None:
                     await _run_cluster_tasks(
-                        nursery, send, api, client, options, loop, store, clock
+                        nursery, send, api, client, events, options, loop, store, clock
                     )
                 if config.static_pod_url:
                     await nursery.start(

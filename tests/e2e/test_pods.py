@@ -90,6 +90,11 @@ def test_api_pod_runs_reports_status_restarts_and_is_deleted(
     )
     last = container_status(pod)["lastState"]["terminated"]
     assert last["exitCode"] == 3 and last["reason"] == "Error"
+    events = api.get(f"/api/v1/namespaces/default/events?fieldSelector=involvedObject.uid={uid}")
+    reasons = {e["reason"]: e for e in (events or {}).get("items", [])}
+    assert {"Pulled", "Created", "Started"} <= reasons.keys(), sorted(reasons)
+    assert reasons["Started"]["source"] == {"component": "kubelet", "host": NODE}
+    assert reasons["Started"]["count"] >= 2  # the restart is the same event, counted again
 
     api.delete(f"{PODS}/crashy")  # graceful: the agent kills, then removes the object
     api.wait(f"{PODS}/crashy", lambda p: p is None, timeout=60, what="crashy deleted")
@@ -171,7 +176,7 @@ def test_api_server_down_for_a_while_loses_nothing(
 
     control_plane.stop_apiserver()
     try:
-        time.sleep(30)  # the container crashes and restarts while nobody can be told
+        time.sleep(60)  # the container crashes and restarts while nobody can be told
     finally:
         control_plane.start_apiserver()
     pod = api.wait(

@@ -20,6 +20,7 @@ import trio
 from trio_kubelet.apiserver.client import JSON, APIClient
 from trio_kubelet.apiserver.errors import AlreadyExists, APIError
 from trio_kubelet.config import AgentOptions
+from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.node.conditions import (
     READY,
     runtime_condition_error,
@@ -156,8 +157,10 @@ class NodeManager:
         clock: WallClock,
         *,
         machine: MachineFacts | None = None,
+        events: EventRecorder | None = None,
     ) -> None:
         self.client = client
+        self.events = events
         self.options = options
         self.health = health
         self.clock = clock
@@ -177,6 +180,7 @@ class NodeManager:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start at once (nothing waits for the API server), then run until cancelled."""
         task_status.started()
+        self._event("Starting", "Starting kubelet.")
         if self.machine is None:
             self.machine = await trio.to_thread.run_sync(read_machine_facts, self.options.root_dir)
         config = self.options.config
@@ -260,6 +264,12 @@ class NodeManager:
         await self.client.patch(f"{self.node_path}/status", status_patch(desired, changed, labels))
         self.last_report = now
         _log_ready_transition(reported, desired)
+        for reason in condition_event_reasons(reported, desired):
+            self._event(reason, f"Node {self.options.node_name} status is now: {reason}")
+
+    def _event(self, reason: str, message: str) -> None:
+        if self.events is not None:
+            self.events.node_event(self.options.node_name, "Normal", reason, message)
 
     async def _inputs(self) -> StatusInputs:
         assert self.machine is not None
@@ -294,3 +304,27 @@ def _log_ready_transition(reported: JSON, desired: JSON) -> None:
         log.info("Node is ready")
     else:
         log.info("Node became not ready: %s", after.get("message"))
+
+
+# The event reason of each node condition's status, as the Go kubelet records them.
+_CONDITION_EVENTS = {
+    ("Ready", "True"): "NodeReady",
+    ("Ready", "False"): "NodeNotReady",
+    ("MemoryPressure", "False"): "NodeHasSufficientMemory",
+    ("MemoryPressure", "True"): "NodeHasInsufficientMemory",
+    ("DiskPressure", "False"): "NodeHasNoDiskPressure",
+    ("DiskPressure", "True"): "NodeHasDiskPressure",
+    ("PIDPressure", "False"): "NodeHasSufficientPID",
+    ("PIDPressure", "True"): "NodeHasInsufficientPID",
+}
+
+
+def condition_event_reasons(reported: JSON, desired: JSON) -> list[str]:
+    """The events for conditions that are new or changed status between two node statuses."""
+    before = {c.get("type"): c.get("status") for c in reported.get("conditions") or []}
+    reasons = []
+    for condition in desired.get("conditions") or []:
+        kind, status = condition.get("type"), condition.get("status")
+        if before.get(kind) != status and (kind, status) in _CONDITION_EVENTS:
+            reasons.append(_CONDITION_EVENTS[(kind, status)])
+    return reasons

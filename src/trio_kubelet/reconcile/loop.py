@@ -85,6 +85,14 @@ class SyncLoop:
                 event.pod_namespace,
                 event.pod_uid,
             )
+            events = self._ctx.events
+            victim = f"{event.process}, pid: {event.pid}" if event.pid else event.container_name
+            events.node_event(
+                events.node_name,
+                "Warning",
+                "OOMKilling",
+                f"Memory cgroup out of memory: Killed process {victim}",
+            )
             worker = self.workers.get(event.pod_uid)
             if worker is not None:
                 worker.wake()
