@@ -152,7 +152,9 @@ async def _run_cluster_tasks(
                 merged.update(sets[source])
         return merged
 
-    mirrors = MirrorPods(api, pods, options.node_name, static_pods, lambda: node.node_uid)
+    mirrors = MirrorPods(
+        api, pods, options.node_name, static_pods, lambda: node.node_uid, store.wait_changed
+    )
     nursery.start_soon(mirrors.run)
     statuses = StatusManager(
         api, store, pods, mirror_of=mirrors.mirror_of, wall_time=lambda: rfc3339(clock.now())

@@ -17,10 +17,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import trio
-
 from trio_kubelet.apiserver.client import JSON, APIClient
 from trio_kubelet.apiserver.errors import APIError, Conflict, NotFound, Unreachable
+from trio_kubelet.apiserver.resync import resync_forever
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.sources.apiserver import APIPods, RejectedPod
 from trio_kubelet.status.merge_patch import merge_patch
@@ -30,7 +29,6 @@ log = logging.getLogger("trio_kubelet.status")
 
 # The Go status manager also re-checks every pod this often, whatever changed.
 SYNC_PERIOD = 10.0
-RETRY_MAX = 30.0
 TERMINAL = ("Succeeded", "Failed")
 # Status fields the kubelet owns; anything else in the API's status is someone else's.
 KUBELET_FIELDS = frozenset(
@@ -98,20 +96,12 @@ class StatusManager:
         self._deleting: set[str] = set()
 
     async def run(self) -> None:
-        delay = 1.0
-        while True:
-            try:
-                await self.sync_all()
-                delay = 1.0
-            except Unreachable as err:
-                log.warning("Cannot update pod statuses: %s; retrying in %.0fs", err, delay)
-                await trio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX)
-                continue
-            with trio.move_on_after(SYNC_PERIOD):
-                async with trio.open_nursery() as wait:
-                    for changed in (self.store.wait_changed, self.api.wait_changed):
-                        wait.start_soon(_then_cancel, changed, wait.cancel_scope)
+        await resync_forever(
+            self.sync_all,
+            what="update pod statuses",
+            changed=(self.store.wait_changed, self.api.wait_changed),
+            period=SYNC_PERIOD,
+        )
 
     async def sync_all(self) -> None:
         if not self.api.synced:
@@ -208,8 +198,3 @@ class StatusManager:
             return
         log.info("Pod %s (%s) has stopped; deleted it from the API server", pod.full_name, uid)
         self._deleting.add(uid)
-
-
-async def _then_cancel(wait: Callable[[], Any], scope: trio.CancelScope) -> None:
-    await wait()
-    scope.cancel()

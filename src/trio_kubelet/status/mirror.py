@@ -11,13 +11,12 @@ status manager patches it).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
-
-import trio
 
 from trio_kubelet.apiserver.client import JSON, APIClient
 from trio_kubelet.apiserver.errors import AlreadyExists, APIError, Conflict, NotFound, Unreachable
+from trio_kubelet.apiserver.resync import resync_forever
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.sources.apiserver import MIRROR_ANNOTATION, APIPods
 from trio_kubelet.sources.static_files import CONFIG_HASH_ANNOTATION
@@ -25,7 +24,6 @@ from trio_kubelet.sources.static_files import CONFIG_HASH_ANNOTATION
 log = logging.getLogger("trio_kubelet.mirror")
 
 RECHECK_PERIOD = 10.0
-RETRY_MAX = 30.0
 
 
 def mirror_pod(pod: Pod, node_name: str, node_uid: str) -> JSON:
@@ -74,12 +72,14 @@ class MirrorPods:
         node_name: str,
         static_pods: Callable[[], dict[str, Pod] | None],
         node_uid: Callable[[], str | None],
+        pods_changed: Callable[[], Awaitable[None]],
     ) -> None:
         self.client = client
         self.api = api
         self.node_name = node_name
         self.static_pods = static_pods  # by UID; None until the file source has reported
         self.node_uid = node_uid  # None until the Node is registered (it owns the mirrors)
+        self.pods_changed = pods_changed  # returns when the node's pods change
 
     def mirror_of(self, pod: Pod) -> JSON | None:
         """The current mirror of static pod ``pod``, for its status."""
@@ -87,18 +87,12 @@ class MirrorPods:
         return mirror if mirror is not None and mirror_is_current(mirror, pod) else None
 
     async def run(self) -> None:
-        delay = 1.0
-        while True:
-            try:
-                await self.sync()
-                delay = 1.0
-            except Unreachable as err:
-                log.warning("Cannot sync mirror pods: %s; retrying in %.0fs", err, delay)
-                await trio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX)
-                continue
-            with trio.move_on_after(RECHECK_PERIOD):
-                await self.api.wait_changed()
+        await resync_forever(
+            self.sync,
+            what="sync mirror pods",
+            changed=(self.api.wait_changed, self.pods_changed),
+            period=RECHECK_PERIOD,
+        )
 
     async def sync(self) -> None:
         static = self.static_pods()
