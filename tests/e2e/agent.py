@@ -35,6 +35,11 @@ class AgentProcess:
     log: Path
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
+    @property
+    def port(self) -> int:
+        """The kubelet API's HTTPS port."""
+        return int(self.args[self.args.index("--port") + 1])
+
     def start(self) -> None:
         out = self.log.open("ab")
         self.process = subprocess.Popen(

@@ -6,10 +6,12 @@ Node authorizer and NodeRestriction judge everything it does.
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.containerd_fixture import Containerd
@@ -190,3 +192,31 @@ def test_api_server_down_for_a_while_loses_nothing(
     # No duplicates: the sandbox and one instance of the container run (old ones have exited).
     running_tasks = containerd.ctr("tasks", "ls", "-q").split()
     assert len(set(running_tasks) & set(containers_of(containerd, uid))) <= 2
+
+
+def test_kubelet_api_asks_the_api_server_who_may_do_what(
+    agent: AgentProcess, api: Api, control_plane: ControlPlane
+) -> None:
+    """x509 against the cluster CA, then a SubjectAccessReview (authorization mode Webhook)."""
+    url = f"https://127.0.0.1:{agent.port}/pods"
+    control_plane.node_kubeconfig("other-node")  # makes pki/node-other-node.crt
+
+    def as_user(stem: str | None) -> int:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE  # the kubelet's serving certificate is self-signed
+        if stem is not None:
+            pki = control_plane.dir / "pki"
+            context.load_cert_chain(pki / f"{stem}.crt", pki / f"{stem}.key")
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                return httpx.get(url, verify=context, timeout=10).status_code
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    assert as_user("admin") == 200  # system:masters
+    assert as_user(None) == 401  # anonymous authentication is off
+    assert as_user("node-other-node") == 403  # another node may not proxy to this one
