@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import httpx
 from hypothesis import given
 from hypothesis import strategies as st
 
+from trio_kubelet.apiserver.client import APIClient
+from trio_kubelet.apiserver.kubeconfig import Connection
+from trio_kubelet.model.pod import PodStatus
 from trio_kubelet.sources.apiserver import APIPods, pod_to_run
-from trio_kubelet.status.manager import desired_status
+from trio_kubelet.status.manager import StatusManager, desired_status
 from trio_kubelet.status.merge_patch import merge_patch
 from trio_kubelet.status.mirror import mirror_is_current, mirror_pod
+from trio_kubelet.status.store import PodStatusStore
 
 
 def apply_merge_patch(target: Any, patch: Any) -> Any:
@@ -137,3 +143,66 @@ def test_mirror_pod_names_its_node_and_its_static_pods_hash() -> None:
         }
     )
     assert not mirror_is_current(mirror, edited)
+
+
+# -- the manager against a fake transport ---------------------------------------------------
+
+
+class FakeAPI:
+    """Records what the status manager sends; answers like the API server would."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        self.requests.append((request.method, request.url.path, body))
+        if request.method == "PATCH":
+            return httpx.Response(200, json={"status": {}})
+        return httpx.Response(200, json={"kind": "Status", "status": "Success"})
+
+
+def manager_for(fake: FakeAPI, store: PodStatusStore, pods: APIPods) -> StatusManager:
+    connection = Connection(server="http://api.test", ssl_context=None)
+    client = APIClient(connection, transport=httpx.MockTransport(fake))
+    return StatusManager(client, store, pods, wall_time=lambda: "2026-11-22T10:00:00Z")
+
+
+async def test_a_pod_the_agent_cannot_run_is_reported_failed_with_the_reason() -> None:
+    pods, store, fake = APIPods(), PodStatusStore(), FakeAPI()
+    bad = api_pod("bad")
+    bad["spec"]["containers"][0]["resources"] = {"limits": {"memory": "lots"}}
+    pods.take(bad)
+    pods.synced = True
+    await manager_for(fake, store, pods).sync_all()
+    ((method, path, body),) = fake.requests
+    assert (method, path) == ("PATCH", "/api/v1/namespaces/default/pods/bad/status")
+    assert body["metadata"] == {"uid": "uid-bad"}
+    assert body["status"]["phase"] == "Failed"
+    assert body["status"]["reason"] == "UnsupportedPodSpec"
+    assert "memory" in body["status"]["message"]
+
+
+async def test_status_is_sent_once_and_a_stopped_deleted_pod_is_deleted_with_grace_0() -> None:
+    pods, store, fake = APIPods(), PodStatusStore(), FakeAPI()
+    pods.take(api_pod("web"))
+    pods.synced = True
+    pod = pods.pods["uid-web"]
+    store.set(pod, PodStatus(phase="Running"))
+    manager = manager_for(fake, store, pods)
+    await manager.sync_all()
+    await manager.sync_all()  # nothing changed: nothing sent
+    assert [(m, p) for m, p, _ in fake.requests] == [
+        ("PATCH", "/api/v1/namespaces/default/pods/web/status")]
+    assert fake.requests[0][2]["status"]["phase"] == "Running"
+
+    deleting = api_pod("web", deletionTimestamp="2026-11-22T10:00:00Z")
+    pods.take(deleting)
+    store.set(pods.pods["uid-web"], PodStatus(phase="Running"), stopped=False)
+    await manager.sync_all()
+    assert all(m != "DELETE" for m, _, _ in fake.requests), "still running: not yet"
+    store.set(pods.pods["uid-web"], PodStatus(phase="Failed"), stopped=True)
+    await manager.sync_all()
+    method, path, body = fake.requests[-1]
+    assert (method, path) == ("DELETE", "/api/v1/namespaces/default/pods/web")
+    assert body["gracePeriodSeconds"] == 0 and body["preconditions"] == {"uid": "uid-web"}
