@@ -15,6 +15,7 @@ import trio
 from trio_kubelet import __version__
 from trio_kubelet.apiserver.client import APIClient
 from trio_kubelet.apiserver.kubeconfig import load_kubeconfig
+from trio_kubelet.apiserver.object_cache import ObjectCache
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.config import AgentOptions
 from trio_kubelet.core.phase import rfc3339
@@ -138,7 +139,11 @@ async def _run_cluster_tasks(
     health = probe.health(lambda: pleg_error(trio.current_time(), loop.last_relist_ok, started))
     node = NodeManager(api, options, health, clock, events=events)
     await nursery.start(node.run)
-    pods = APIPods()
+    config_maps = ObjectCache(api, "configmaps")
+    secrets = ObjectCache(api, "secrets")
+    await nursery.start(config_maps.run)
+    await nursery.start(secrets.run)
+    pods = APIPods(caches=(config_maps, secrets))
     nursery.start_soon(run_api_source, send.clone(), api, options.node_name, pods)
 
     def static_pods() -> dict[str, Pod] | None:

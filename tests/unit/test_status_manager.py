@@ -206,3 +206,24 @@ async def test_status_is_sent_once_and_a_stopped_deleted_pod_is_deleted_with_gra
     method, path, body = fake.requests[-1]
     assert (method, path) == ("DELETE", "/api/v1/namespaces/default/pods/web")
     assert body["gracePeriodSeconds"] == 0 and body["preconditions"] == {"uid": "uid-web"}
+
+
+class RecordingCache:
+    def __init__(self) -> None:
+        self.registered: set[str] = set()
+
+    def register_pod(self, pod: Any) -> None:
+        self.registered.add(pod.metadata.uid)
+
+    def unregister_pod(self, uid: str) -> None:
+        self.registered.discard(uid)
+
+
+def test_pods_to_run_are_registered_with_the_object_caches_and_only_they() -> None:
+    cache = RecordingCache()
+    pods = APIPods(caches=[cache])  # type: ignore[list-item]
+    pods.take(api_pod("web"))
+    pods.take(api_pod("static-n", annotations={"kubernetes.io/config.mirror": "h"}))
+    assert cache.registered == {"uid-web"}
+    pods.forget(api_pod("web"))
+    assert cache.registered == set()

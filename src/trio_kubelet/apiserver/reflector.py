@@ -58,7 +58,7 @@ class Reflector:
         while True:
             try:
                 if not self.resource_version:
-                    await self._list()
+                    await self.list_all()
                     delay = BACKOFF_INITIAL
                 await self._watch()
                 delay = BACKOFF_INITIAL
@@ -77,7 +77,8 @@ class Reflector:
                 await trio.sleep(wait * random.uniform(1.0, 1.2))
                 delay = min(delay * 2, BACKOFF_MAX)
 
-    async def _list(self) -> None:
+    async def list_all(self) -> None:
+        """List the collection and hand it to the handler (subclasses may wrap this)."""
         answer = await self.client.get(self.path, self.params)
         items = answer.get("items") or []
         self.resource_version = str(_metadata(answer).get("resourceVersion", ""))

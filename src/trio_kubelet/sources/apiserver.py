@@ -14,7 +14,7 @@ manager, which merges into it and never lets a terminal phase regress.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ import trio
 from pydantic import ValidationError
 
 from trio_kubelet.apiserver.client import JSON, APIClient, WatchEvent
+from trio_kubelet.apiserver.object_cache import ObjectCache
 from trio_kubelet.apiserver.reflector import Reflector
 from trio_kubelet.config import describe_validation_error
 from trio_kubelet.events import Event, ManifestProblem, PodSetUpdate
@@ -49,7 +50,9 @@ class RejectedPod:
 class APIPods:
     """What the API server says about this node's pods, shared by the source's readers."""
 
-    def __init__(self) -> None:
+    def __init__(self, caches: Sequence[ObjectCache] = ()) -> None:
+        # ConfigMap/Secret caches: they watch what the pods to run reference.
+        self.caches = tuple(caches)
         self.pods: dict[str, Pod] = {}  # regular pods to run, by UID (status stripped)
         self.api_status: dict[str, JSON] = {}  # the API's current status of each, by UID
         self.mirrors: dict[str, JSON] = {}  # mirror pods by "namespace/name"
@@ -74,7 +77,9 @@ class APIPods:
             return
         self.api_status[uid] = obj.get("status") or {}
         try:
-            self.pods[uid] = pod_to_run(obj)
+            pod = self.pods[uid] = pod_to_run(obj)
+            for cache in self.caches:
+                cache.register_pod(pod)
         except ValidationError as err:
             reason = describe_validation_error(err)
             rejected = RejectedPod(
@@ -93,7 +98,9 @@ class APIPods:
     def forget(self, obj: JSON) -> None:
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid", ""))
-        self.pods.pop(uid, None)
+        if self.pods.pop(uid, None) is not None:
+            for cache in self.caches:
+                cache.unregister_pod(uid)
         self.api_status.pop(uid, None)
         self.rejected.pop(uid, None)
         key = _key(meta)
@@ -123,12 +130,16 @@ class _Handler:
 
     async def replace(self, items: list[JSON]) -> None:
         state = self.state
+        before = set(state.pods)
         state.pods.clear()
         state.api_status.clear()
         state.mirrors.clear()
         state.rejected.clear()
         for item in items:
             state.take(item)
+        for uid in before - state.pods.keys():
+            for cache in state.caches:
+                cache.unregister_pod(uid)
         state.synced = True
         await self._publish()
 
