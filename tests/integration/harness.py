@@ -10,6 +10,7 @@ from pathlib import Path
 
 import trio
 
+from tests.net import free_port
 from trio_kubelet.agent import run_agent
 from trio_kubelet.cli import parse_run_options
 from trio_kubelet.model.pod import ContainerStatus, Pod
@@ -95,6 +96,7 @@ async def running_agent(
             NODE,
             "--node-ip",
             "127.0.0.1",
+            *_private_ports(extra_flags),
             *extra_flags,
         ]
     )
@@ -119,3 +121,14 @@ def running(pod: Pod, name: str) -> bool:
         return container(pod, name).state.running is not None
     except AssertionError:
         return False
+
+
+def _private_ports(flags: tuple[str, ...]) -> list[str]:
+    """Free ports on 127.0.0.1 for the servers the test does not place itself, so that tests
+    never need (or collide on) the kubelet's fixed 10250 and 10248."""
+    chosen = []
+    if "--port" not in flags:
+        chosen += ["--address", "127.0.0.1", "--port", str(free_port())]
+    if "--healthz-port" not in flags:
+        chosen += ["--healthz-port", "0"]
+    return chosen

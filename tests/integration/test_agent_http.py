@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import socket
-
 import httpx
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.harness import running, running_agent
+from tests.net import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -24,12 +23,6 @@ spec:
     image: busybox:1.36
     command: ["sh", "-c", "echo hello from app; sleep 3600"]
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_agent_serves_the_kubelet_api(containerd, tmp_path):

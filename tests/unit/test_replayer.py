@@ -21,6 +21,7 @@ import trio
 import trio.testing
 
 import trio_kubelet.agent
+from tests.net import free_port
 from trio_kubelet.agent import run_agent
 from trio_kubelet.cli import main, parse_run_options
 from trio_kubelet.clock import TrioWallClock
@@ -98,6 +99,12 @@ async def _record(workdir: Path, flags: Sequence[str]) -> None:
             str(workdir / "logs"),
             "--hostname-override",
             NODE,
+            "--address",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+            "--healthz-port",
+            "0",
             *flags,
         ]
     )

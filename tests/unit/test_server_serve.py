@@ -20,6 +20,7 @@ import trustme
 from quart import Blueprint, g, request
 from quart_trio import QuartTrio
 
+from tests.net import free_port
 from trio_kubelet.config import AgentOptions, KubeletConfiguration
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.runtime.client import CRIClient
@@ -36,12 +37,6 @@ from trio_kubelet.server.view import NodeView
 from trio_kubelet.status.store import PodStatusStore
 
 MACHINE = {"num_cores": 1}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def make_view(root: Path, **wire: Any) -> NodeView:
