@@ -2,15 +2,17 @@
 
 For ``/exec``, ``/attach`` and ``/portForward`` the kubelet asks the runtime (CRI Exec, Attach,
 PortForward) for a one-time streaming URL and proxies the client's upgraded connection to it
-both ways, as the Go kubelet does. Only websocket upgrades can be proxied: Hypercorn gives an
-ASGI application websockets and h2c, never the raw socket of any other ``Upgrade`` (an app's
-101 becomes an informational response, after which h11 stops reading and refuses to send), so
-SPDY/3.1 requests get a 400 that says so (docs/logs-and-streaming.md).
+both ways, as the Go kubelet does. Two kinds of upgrade arrive:
 
-The websocket subprotocol is negotiated per leg: the client is accepted with the protocol it
-asked for, the runtime is offered the protocol with the same framing it speaks (containerd 1.6
-has no ``v5.channel.k8s.io``; v5 is v4 plus a client "close stdin" signal, which is dropped on
-the way). Frames are passed through untouched otherwise: the runtime writes the exit status.
+* websockets (clients talking to the kubelet directly), through Hypercorn: the subprotocol is
+  negotiated per leg: the client is accepted with the protocol it asked for, the runtime is
+  offered the protocol with the same framing it speaks (containerd 1.6 has no
+  ``v5.channel.k8s.io``; v5 is v4 plus a client "close stdin" signal, which is dropped on the
+  way). Frames are passed through untouched otherwise: the runtime writes the exit status.
+* SPDY/3.1 (what the API server sends), as a plain GET/POST whose raw connection the server
+  offers the view (``spdy_proxy``): the request goes on to the runtime's URL, and after its 101
+  the connection is a byte splice.
+
 ``/run`` is the old synchronous form: ExecSync, and the combined output as the answer.
 """
 
@@ -20,6 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 from urllib.parse import urlsplit
 
@@ -34,6 +37,7 @@ from trio_kubelet.runtime.cri.runtime import v1
 from trio_kubelet.runtime.errors import CRIError, CRINotFound, CRIResourceExhausted
 from trio_kubelet.server.crilog import go_quote
 from trio_kubelet.server.routes_logs import runtime_id, text_error
+from trio_kubelet.server.spdy_proxy import RAW_UPGRADE, RawUpgrade, UpstreamError, dial_upgrade
 from trio_kubelet.server.view import NodeView
 
 log = logging.getLogger(__name__)
@@ -77,10 +81,13 @@ RUNTIME_DISCONNECT_TIMEOUT = 5.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # hypercorn's own websocket limit
 
 _SPDY_UNSUPPORTED = (
-    "SPDY/3.1 upgrades are not supported by this kubelet (its HTTP server cannot hand a raw "
-    "upgraded connection to the application); connect with a websocket instead, subprotocol "
-    "{protocols}")
+    "SPDY/3.1 upgrades are not supported on this connection: the kubelet takes them only as the "
+    "first request of an HTTP/1.1 connection; open a new connection, or connect with a websocket, "
+    "subprotocol {protocols}")
 _UPGRADE_REQUIRED = "Upgrade request required"
+# Headers of a runtime's refusal that describe its connection, not the answer.
+_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length",
+                         b"upgrade"})
 
 
 class StreamRequestError(ValueError):
@@ -162,9 +169,8 @@ def choose_protocol(offered: Sequence[str], table: Mapping[str, str],
 
 
 def streaming_blueprint(view: NodeView) -> Blueprint:
-    """``/exec``, ``/attach``, ``/portForward`` (websockets; plain GET/POST say why not), ``/run``.
-
-    Each streaming path also has its ``…/{uid}/…`` form, checked against the pod's uid.
+    """``/exec``, ``/attach``, ``/portForward`` (websockets, and SPDY upgrades as plain GET/POST),
+    ``/run``. Each streaming path also has its ``…/{uid}/…`` form, checked against the pod's uid.
     """
     streaming = Blueprint("streaming", __name__)
     for kind in ("exec", "attach"):
@@ -173,13 +179,13 @@ def streaming_blueprint(view: NodeView) -> Blueprint:
             rule = f"/{kind}/{suffix}"
             endpoint = f"{kind}_{suffix.count('/')}"
             streaming.add_websocket(rule, f"{endpoint}_ws", _remotecommand_view(view, kind))
-            streaming.add_url_rule(rule, endpoint, _not_upgraded_view(view, kind),
+            streaming.add_url_rule(rule, endpoint, _spdy_view(view, kind),
                                    methods=["GET", "POST"])
     for suffix in ("<namespace>/<pod_name>", "<namespace>/<pod_name>/<uid>"):
         rule = f"/portForward/{suffix}"
         endpoint = f"portforward_{suffix.count('/')}"
         streaming.add_websocket(rule, f"{endpoint}_ws", _portforward_view(view))
-        streaming.add_url_rule(rule, endpoint, _not_upgraded_view(view, "portForward"),
+        streaming.add_url_rule(rule, endpoint, _spdy_view(view, "portForward"),
                                methods=["GET", "POST"])
     for suffix in ("<namespace>/<pod_name>/<container>",
                    "<namespace>/<pod_name>/<uid>/<container>"):
@@ -196,16 +202,11 @@ def _remotecommand_view(view: NodeView, kind: str) -> WebsocketView:
     async def serve(namespace: str, pod_name: str, container: str,
                     uid: str | None = None) -> ResponseReturnValue | None:
         try:
-            query = websocket.args.to_dict(flat=False)
-            options = stream_options(query)
-            command = query.get("command") or []
-            if kind == "exec" and not command:
-                raise StreamRequestError('query parameter "command" is required')
-            pod = _find_pod(view, namespace, pod_name, uid)
-            container_id = _running_container(pod, container)
+            cri_request = _remotecommand_request(view, kind, namespace, pod_name, container, uid,
+                                                 websocket.args.to_dict(flat=False))
             protocols = choose_protocol(websocket.requested_subprotocols,
                                         REMOTECOMMAND_PROTOCOLS, _REMOTECOMMAND_DEFAULT)
-            url = await _streaming_url(view, kind, container_id, command, options)
+            url = await _remotecommand_url(view, cri_request)
         except StreamRequestError as error:
             return text_error(str(error), error.status)
         return await _proxy(url, *protocols)
@@ -221,9 +222,7 @@ def _portforward_view(view: NodeView) -> WebsocketView:
             pod = _find_pod(view, namespace, pod_name, uid)
             protocols = choose_protocol(websocket.requested_subprotocols, PORTFORWARD_PROTOCOLS,
                                         _PORTFORWARD_DEFAULT)
-            sandbox_id = await _ready_sandbox(view, pod)
-            url = await _runtime_call(view.client.port_forward(
-                v1.PortForwardRequest(pod_sandbox_id=sandbox_id, port=ports)))
+            url = await _portforward_url(view, pod, ports)
         except StreamRequestError as error:
             return text_error(str(error), error.status)
         return await _proxy(url, *protocols)
@@ -231,27 +230,45 @@ def _portforward_view(view: NodeView) -> WebsocketView:
     return serve
 
 
-def _not_upgraded_view(view: NodeView, kind: str) -> HTTPView:
-    """A plain GET/POST on a streaming path: validated like the Go kubelet, then refused."""
+def _spdy_view(view: NodeView, kind: str) -> HTTPView:
+    """A plain GET/POST on a streaming path: an SPDY/3.1 upgrade is proxied to the runtime when
+    the server offers its connection (``spdy_proxy``); anything else is validated like the Go
+    kubelet does, then refused."""
 
     async def serve(namespace: str, pod_name: str, container: str | None = None,
                     uid: str | None = None) -> ResponseReturnValue:
         query = request.args.to_dict(flat=False)
         try:
+            ask_runtime: Callable[[], Awaitable[str]]
             if kind == "portForward":
-                protocols = PORTFORWARD_PROTOCOLS
+                # SPDY port-forward names its ports in stream headers, not in the query.
+                ask_runtime = partial(_portforward_url, view,
+                                      _find_pod(view, namespace, pod_name, uid), [])
             else:
-                stream_options(query)
-                protocols = REMOTECOMMAND_PROTOCOLS
-            _find_pod(view, namespace, pod_name, uid)
+                ask_runtime = partial(_remotecommand_url, view, _remotecommand_request(
+                    view, kind, namespace, pod_name, container or "", uid, query))
+            raw = _spdy_connection(kind)
+            url = await ask_runtime()
         except StreamRequestError as error:
             return text_error(str(error), error.status)
-        upgrade = request.headers.get("Upgrade", "")
-        if "spdy" in upgrade.lower():
-            return text_error(_SPDY_UNSUPPORTED.format(protocols=", ".join(protocols)), 400)
-        return text_error(_UPGRADE_REQUIRED, 400)
+        where = "/".join(name for name in (namespace, pod_name, container) if name)
+        return await _proxy_spdy(raw, url, f"{kind} {where}")
 
     return serve
+
+
+def _spdy_connection(kind: str) -> RawUpgrade:
+    """The connection of this SPDY upgrade request, or why it cannot be proxied.
+
+    The server offers it (``RAW_UPGRADE``) only for an SPDY upgrade that opened its connection.
+    """
+    raw = (request.scope.get("extensions") or {}).get(RAW_UPGRADE)
+    if isinstance(raw, RawUpgrade):
+        return raw
+    if "spdy/" in request.headers.get("Upgrade", "").lower():
+        protocols = PORTFORWARD_PROTOCOLS if kind == "portForward" else REMOTECOMMAND_PROTOCOLS
+        raise StreamRequestError(_SPDY_UNSUPPORTED.format(protocols=", ".join(protocols)))
+    raise StreamRequestError(_UPGRADE_REQUIRED)
 
 
 def _run_view(view: NodeView) -> HTTPView:
@@ -307,25 +324,40 @@ def _running_container(pod: Pod, name: str) -> str:
         f"container {go_quote(name)} in pod {go_quote(pod.metadata.name)} is not running", 400)
 
 
-async def _ready_sandbox(view: NodeView, pod: Pod) -> str:
+def _remotecommand_request(view: NodeView, kind: str, namespace: str, pod_name: str,
+                           container: str, uid: str | None,
+                           query: Mapping[str, Sequence[str]]
+                           ) -> v1.ExecRequest | v1.AttachRequest:
+    """The CRI request of an exec or attach, checked before the runtime is asked anything."""
+    options = stream_options(query)
+    command = list(query.get("command") or [])
+    if kind == "exec" and not command:
+        raise StreamRequestError('query parameter "command" is required')
+    container_id = _running_container(_find_pod(view, namespace, pod_name, uid), container)
+    if kind == "exec":
+        return v1.ExecRequest(container_id=container_id, cmd=command, tty=options.tty,
+                              stdin=options.stdin, stdout=options.stdout, stderr=options.stderr)
+    return v1.AttachRequest(container_id=container_id, tty=options.tty, stdin=options.stdin,
+                            stdout=options.stdout, stderr=options.stderr)
+
+
+async def _remotecommand_url(view: NodeView, cri_request: v1.ExecRequest | v1.AttachRequest
+                             ) -> str:
+    if isinstance(cri_request, v1.ExecRequest):
+        return await _runtime_call(view.client.exec(cri_request))
+    return await _runtime_call(view.client.attach(cri_request))
+
+
+async def _portforward_url(view: NodeView, pod: Pod, ports: list[int]) -> str:
     state = v1.PodSandboxStateValue(state=v1.PodSandboxState.SANDBOX_READY)
     sandboxes = await _runtime_call(view.client.list_pod_sandbox(v1.PodSandboxFilter(
         label_selector={labels.POD_UID: pod.metadata.uid}, state=state)))
     if not sandboxes:
         raise StreamRequestError(f"pod {go_quote(pod.metadata.name)} in namespace "
                                  f"{go_quote(pod.metadata.namespace)} has no ready sandbox", 404)
-    return max(sandboxes, key=lambda sandbox: sandbox.created_at).id
-
-
-async def _streaming_url(view: NodeView, kind: str, container_id: str, command: list[str],
-                         options: StreamOptions) -> str:
-    if kind == "exec":
-        return await _runtime_call(view.client.exec(v1.ExecRequest(
-            container_id=container_id, cmd=command, tty=options.tty, stdin=options.stdin,
-            stdout=options.stdout, stderr=options.stderr)))
-    return await _runtime_call(view.client.attach(v1.AttachRequest(
-        container_id=container_id, tty=options.tty, stdin=options.stdin,
-        stdout=options.stdout, stderr=options.stderr)))
+    sandbox = max(sandboxes, key=lambda sandbox: sandbox.created_at)
+    return await _runtime_call(view.client.port_forward(
+        v1.PortForwardRequest(pod_sandbox_id=sandbox.id, port=ports)))
 
 
 async def _runtime_call(call: Awaitable[T]) -> T:
@@ -363,14 +395,41 @@ async def _proxy(url: str, client_protocol: str | None,
                 max_message_size=MAX_MESSAGE_BYTES, connect_timeout=RUNTIME_CONNECT_TIMEOUT,
                 disconnect_timeout=RUNTIME_DISCONNECT_TIMEOUT))
         except (trio_websocket.HandshakeError, OSError) as error:
-            log.warning("streaming: cannot reach the runtime at %s: %s", target.netloc,
-                        _describe(error))
-            return text_error(f"error dialing the runtime's streaming server: "
-                              f"{_describe(error)}", 500)
+            return _unreachable(target.netloc, _describe(error))
         await websocket.accept(subprotocol=client_protocol)
         code = await _pump(runtime, drop_close_signals=client_protocol == _V5_PROTOCOL)
         await websocket.close(code)
     return None
+
+
+def _unreachable(where: str, reason: str) -> Response:
+    log.warning("streaming: cannot reach the runtime at %s: %s", where, reason)
+    return text_error(f"error dialing the runtime's streaming server: {reason}", 500)
+
+
+async def _proxy_spdy(raw: RawUpgrade, url: str, what: str) -> ResponseReturnValue:
+    """Send the client's upgrade request on to the runtime's URL; splice after its 101.
+
+    A runtime that refuses (say, 403 for protocol versions it does not speak) has its answer
+    passed on, as the Go proxy does. The app's return value after the splice goes nowhere: the
+    connection then belonged to the runtime's protocol.
+    """
+    try:
+        answer = await dial_upgrade(url, raw.method, raw.headers,
+                                    timeout=RUNTIME_CONNECT_TIMEOUT)
+    except UpstreamError as error:
+        return _unreachable(urlsplit(url).netloc, str(error))
+    if answer.stream is None:
+        response: Response = current_app.response_class(answer.body, status=answer.status)
+        for name, value in answer.headers:
+            if name.lower() not in _HOP_BY_HOP:
+                response.headers.add(name.decode("latin-1"), value.decode("latin-1"))
+        return response
+    began = trio.current_time()
+    sent, received = await raw.splice(answer)
+    log.info("%s: SPDY session ended after %.1f s (%d bytes in, %d bytes out)", what,
+             trio.current_time() - began, sent, received)
+    return current_app.response_class(status=101)
 
 
 async def _pump(runtime: trio_websocket.WebSocketConnection, *, drop_close_signals: bool) -> int:

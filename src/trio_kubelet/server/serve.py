@@ -6,9 +6,12 @@ does not: the TLS handshake happens here first, so the client certificate it
 verified is handed to the app (as the ASGI ``tls`` scope extension, through a
 per-connection context variable that the request tasks inherit); the number of
 connections is bounded; and the bound addresses (port 0 → an ephemeral port) are
-reported to the caller. Header size and the time a client may take to send its
-headers are bounded by Hypercorn (``h11_max_incomplete_size``, ``keep_alive_timeout``),
-a body by the app (1 MiB, see ``app.py``).
+reported to the caller; and SPDY/3.1 upgrades of the streaming paths, which Hypercorn cannot
+hand to an app, are recognised in a connection's first request and served by ``spdy_proxy``
+instead (every other request goes to Hypercorn with the bytes read put back). Header size and
+the time a client may take to send its headers are bounded by Hypercorn
+(``h11_max_incomplete_size``, ``keep_alive_timeout``) and, for that first look, here with the
+same limits; a body by the app (1 MiB, see ``app.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, ConnectionState, Scope
+from hypercorn.utils import parse_socket_addr
 from quart import Blueprint
 from quart_trio import QuartTrio
 
@@ -35,6 +39,7 @@ from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.server.app import MAX_BODY_BYTES, create_app
 from trio_kubelet.server.auth import Authorizer, RequestAuthenticator, ReviewClient, build_auth
 from trio_kubelet.server.routes_node import healthz_blueprint
+from trio_kubelet.server.spdy_proxy import UpgradeRequest, read_first_request, serve_upgrade
 from trio_kubelet.server.tls import (
     TLSConfigError,
     ensure_serving_certificate,
@@ -141,21 +146,27 @@ class _Connections:
 
 
 class _PeerStream:
-    """A connection's stream that tells when the peer has stopped sending.
+    """A connection's stream that tells when the peer has stopped sending, and first gives
+    back the bytes read before Hypercorn took the connection (``unread``).
 
     Hypercorn's trio connection task otherwise outlives a client that hung up by up
     to ``keep_alive_timeout``, holding its socket; here the end of the peer's data
     ends the keep-alive wait at once (through the connection's own worker context).
     """
 
-    def __init__(self, stream: Any, context: WorkerContext) -> None:
+    def __init__(self, stream: Any, context: WorkerContext, unread: bytes) -> None:
         self._stream = stream
         self._context = context
+        self._unread = unread
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._unread:
+            size = len(self._unread) if max_bytes is None else max_bytes
+            unread, self._unread = self._unread[:size], self._unread[size:]
+            return unread
         data: bytes = await self._stream.receive_some(max_bytes)
         if not data:
             await self._context.terminated.set()
@@ -175,6 +186,20 @@ async def _handshake(stream: trio.SSLStream[trio.SocketStream], timeout: float) 
     return True
 
 
+async def _first_request(stream: trio.abc.Stream, config: HypercornConfig
+                         ) -> bytes | UpgradeRequest | None:
+    """The connection's first request as ``read_first_request`` sees it; None: close the
+    connection (nothing came within the keep-alive timeout, or the client left)."""
+    if isinstance(stream, trio.SSLStream) and stream.selected_alpn_protocol() == "h2":
+        return b""  # HTTP/2 has no upgrades: the connection is Hypercorn's from its first byte
+    with trio.move_on_after(config.keep_alive_timeout):
+        try:
+            return await read_first_request(stream, config.h11_max_incomplete_size) or None
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+    return None
+
+
 async def _serve_connection(app: ASGIWrapper, config: HypercornConfig, state: dict[str, Any],
                             ssl_context: ssl.SSLContext | None, connections: _Connections,
                             tcp: trio.SocketStream) -> None:
@@ -192,9 +217,20 @@ async def _serve_connection(app: ASGIWrapper, config: HypercornConfig, state: di
             # Set in this connection's task: the request tasks Hypercorn spawns from it
             # inherit a copy, so each request sees its own connection's certificate.
             _PEER_TLS.set(_peer_tls(stream))
+        first = await _first_request(stream, config)
+        if isinstance(first, UpgradeRequest):
+            await serve_upgrade(
+                app.app, stream, first, scheme="https" if ssl_context is not None else "http",
+                client=parse_socket_addr(tcp.socket.family, tcp.socket.getpeername()),
+                server=parse_socket_addr(tcp.socket.family, tcp.socket.getsockname()),
+                state=state.copy())
+            return
+        if first is None:
+            await trio.aclose_forcefully(stream)
+            return
         context = WorkerContext(None)
         server = TCPServer(app, config, context, ConnectionState(state.copy()),
-                           cast(Any, _PeerStream(stream, context)))
+                           cast(Any, _PeerStream(stream, context, first)))
         await server.run()
     except Exception as exc:  # one broken connection must never take the server down
         log.error("HTTP connection failed: %s: %s", type(exc).__name__, exc)

@@ -1,0 +1,122 @@
+"""`kubectl exec` and `kubectl port-forward` through the real API server.
+
+The API server proxies both to the kubelet as SPDY/3.1 upgrades (translating kubectl's websocket
+on the way), authenticated with its kubelet-client certificate; the agent authorises that with a
+SubjectAccessReview and splices the connection to containerd's streaming server. kubectl is
+driven as a user runs it, with the admin kubeconfig.
+"""
+
+from __future__ import annotations
+
+import re
+import select
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.containerd_fixture import Containerd
+from tests.e2e.agent import JSON, AgentProcess, Api, condition, pod_manifest, running_agent
+from tests.e2e.conftest import ControlPlane
+
+KUBECTL = shutil.which("kubectl")
+pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed; these tests "
+                                                        "drive it against the real API server")
+
+NODE = "exec-node"
+PODS = "/api/v1/namespaces/default/pods"
+POD = "talk"
+PORT = 8080
+
+
+@pytest.fixture
+def api(control_plane: ControlPlane) -> Iterator[Api]:
+    with control_plane.admin() as client:
+        admin = Api(client)
+        # No controller-manager runs: the namespace's default ServiceAccount is made here.
+        admin.create(
+            "/api/v1/namespaces/default/serviceaccounts", {"metadata": {"name": "default"}}
+        )
+        yield admin
+        for pod in (admin.get(f"{PODS}?fieldSelector=spec.nodeName={NODE}") or {})["items"]:
+            admin.delete(f"{PODS}/{pod['metadata']['name']}", grace=0)
+
+
+def running(pod: JSON | None) -> bool:
+    return bool(pod) and condition(pod, "Ready") == "True"
+
+
+@pytest.fixture
+def talk(
+    control_plane: ControlPlane, containerd: Containerd, tmp_path: Path, api: Api
+) -> Iterator[AgentProcess]:
+    """The agent, running a pod that sleeps in `main` and answers "hi" on port 8080."""
+    kubeconfig = control_plane.node_kubeconfig(NODE)
+    with running_agent(tmp_path, NODE, kubeconfig, containerd.endpoint, control_plane.ca) as run:
+        try:
+            manifest = pod_manifest(POD, NODE, containerd.BUSYBOX_TAGGED, ["sleep", "3600"])
+            manifest["spec"]["containers"].append({
+                "name": "server", "image": containerd.BUSYBOX_TAGGED,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["nc", "-ll", "-p", str(PORT), "-e", "echo", "hi"],
+            })
+            api.create(PODS, manifest)
+            api.wait(f"{PODS}/{POD}", running, what=f"{POD} Running and Ready")
+            yield run
+        finally:
+            print(run.text()[-6000:])  # shown by pytest when the test fails
+
+
+def kubectl(control_plane: ControlPlane, *args: str, stdin: bytes = b""
+            ) -> subprocess.CompletedProcess[bytes]:
+    assert KUBECTL is not None
+    return subprocess.run(
+        [KUBECTL, "--kubeconfig", str(control_plane.admin_kubeconfig), *args],
+        input=stdin, capture_output=True, timeout=60,
+    )
+
+
+def test_exec_passes_stdout_stderr_and_the_exit_code(
+    talk: AgentProcess, control_plane: ControlPlane
+) -> None:
+    done = kubectl(control_plane, "exec", POD, "-c", "main", "--",
+                   "sh", "-c", "echo out; echo err >&2; exit 3")
+    assert done.stdout == b"out\n"
+    assert done.stderr.startswith(b"err\n"), done.stderr
+    assert done.returncode == 3, done.stderr
+    assert "SPDY session ended" in talk.text()
+
+
+def test_exec_with_stdin_sees_its_end(talk: AgentProcess, control_plane: ControlPlane) -> None:
+    text = b"".join(b"line %d\n" % n for n in range(2000))  # ~20 KB: several frames
+    done = kubectl(control_plane, "exec", "-i", POD, "-c", "main", "--", "cat", stdin=text)
+    assert (done.returncode, done.stderr) == (0, b"")
+    assert done.stdout == text
+
+
+def test_port_forward(talk: AgentProcess, control_plane: ControlPlane) -> None:
+    assert KUBECTL is not None
+    forward = subprocess.Popen(
+        [KUBECTL, "--kubeconfig", str(control_plane.admin_kubeconfig), "port-forward",
+         f"pod/{POD}", f":{PORT}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        assert forward.stdout is not None
+        ready, _, _ = select.select([forward.stdout], [], [], 30)
+        assert ready, "kubectl port-forward said nothing in 30 s"
+        line = forward.stdout.readline().decode()
+        found = re.match(r"Forwarding from 127\.0\.0\.1:(\d+) -> 8080", line)
+        assert found, line
+        for _ in range(2):  # each connection is a new stream pair on the one SPDY session
+            with socket.create_connection(("127.0.0.1", int(found[1])), timeout=30) as client:
+                answer = b""
+                while chunk := client.recv(1024):
+                    answer += chunk
+            assert answer == b"hi\n"
+    finally:
+        forward.terminate()
+        forward.wait(10)
