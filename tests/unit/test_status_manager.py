@@ -227,3 +227,26 @@ def test_pods_to_run_are_registered_with_the_object_caches_and_only_they() -> No
     assert cache.registered == {"uid-web"}
     pods.forget(api_pod("web"))
     assert cache.registered == set()
+
+
+async def test_a_forbidden_status_update_is_not_retried_until_the_status_changes() -> None:
+    pods, store = APIPods(), PodStatusStore()
+    seen: list[str] = []
+
+    def forbid(request: httpx.Request) -> httpx.Response:
+        seen.append(request.method)
+        return httpx.Response(403, json={"kind": "Status", "reason": "Forbidden",
+                                         "message": "node may not"})
+
+    connection = Connection(server="http://api.test", ssl_context=None)
+    client = APIClient(connection, transport=httpx.MockTransport(forbid))
+    manager = StatusManager(client, store, pods, wall_time=lambda: "2026-11-22T10:00:00Z")
+    pods.take(api_pod("web"))
+    pods.synced = True
+    store.set(pods.pods["uid-web"], PodStatus(phase="Running"))
+    await manager.sync_all()
+    await manager.sync_all()
+    assert seen == ["PATCH"]
+    store.set(pods.pods["uid-web"], PodStatus(phase="Failed"))
+    await manager.sync_all()
+    assert seen == ["PATCH", "PATCH"]

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trio_kubelet.apiserver.client import JSON, APIClient
-from trio_kubelet.apiserver.errors import APIError, Conflict, NotFound, Unreachable
+from trio_kubelet.apiserver.errors import APIError, Conflict, Forbidden, NotFound, Unreachable
 from trio_kubelet.apiserver.resync import resync_forever
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.sources.apiserver import APIPods, RejectedPod
@@ -166,6 +166,13 @@ class StatusManager:
             return
         except Unreachable:
             raise
+        except Forbidden as err:
+            # Asking again with the same status gets the same answer: wait for a new one.
+            log.error(
+                "Not allowed to update the status of pod %s/%s (%s): %s", namespace, name, uid, err
+            )
+            self._sent[uid] = new
+            return
         except APIError as err:
             log.error(
                 "Failed to update the status of pod %s/%s (%s): %s", namespace, name, uid, err
