@@ -304,9 +304,10 @@ async def run_agent(
                             wall_clock=clock.now,
                         )
                     )
-                nursery.start_soon(partial(run_pleg, send.clone(), client, metrics=metrics))
+                nursery.start_soon(partial(run_pleg, send.clone(), client, metrics=metrics,
+                                           on_relist=oom.update))
                 nursery.start_soon(_resync, send.clone(), config.sync_frequency)
-                await nursery.start(partial(oom.run, send.clone(), client))
+                await nursery.start(oom.run, send.clone())
                 nursery.start_soon(partial(sampler.run, client, interval=HOUSEKEEPING_INTERVAL))
                 view = NodeView(
                     options=options,

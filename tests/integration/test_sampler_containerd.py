@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,11 +23,13 @@ from trio_kubelet.core.stats import (
     build_resource_metrics,
     build_summary,
 )
+from trio_kubelet.events import Event
 from trio_kubelet.runtime.client import open_cri_client
 from trio_kubelet.server.app import create_app
 from trio_kubelet.server.routes_stats import stats_blueprint
 from trio_kubelet.server.view import NodeView
 from trio_kubelet.sources.oom import OOMEvent, OOMWatcher
+from trio_kubelet.sources.pleg import run_pleg
 from trio_kubelet.sources.sampler import Sampler
 
 pytestmark = pytest.mark.integration
@@ -76,8 +80,12 @@ async def sampling(containerd: Any, tmp_path: Path) -> AsyncIterator[Stats]:
         sampler = Sampler(pod_logs_dir=agent.logs, root_fs=tmp_path)  # image fs: from CRI
         watcher = OOMWatcher(on_counts=sampler.set_oom_counts)
         send, receive = trio.open_memory_channel[OOMEvent](100)
-        await nursery.start(lambda task_status: watcher.run(
-            send, client, relist_period=0.5, task_status=task_status))
+        # The watcher learns the containers from a PLEG's relists, as in the agent; this
+        # PLEG's own events are not needed.
+        pleg_events, _ = trio.open_memory_channel[Event](math.inf)
+        nursery.start_soon(functools.partial(
+            run_pleg, pleg_events, client, period=0.5, on_relist=watcher.update))
+        await nursery.start(lambda task_status: watcher.run(send, task_status=task_status))
         await nursery.start(lambda task_status: sampler.run(
             client, interval=INTERVAL, task_status=task_status))
         yield Stats(agent, sampler, watcher, receive)

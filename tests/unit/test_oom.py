@@ -6,16 +6,14 @@ import os
 import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
-from trio_kubelet.runtime import labels as L
-from trio_kubelet.runtime.cri_upb.runtime.v1 import api_pb2 as upb
+from trio_kubelet.core.observed import ContainerState, RuntimeContainer, RuntimePodStatus
 from trio_kubelet.sources.oom import (
     KernelOOM,
     KmsgOOMParser,
@@ -138,31 +136,42 @@ def test_register_writes_the_eventfd_and_control_fds(tmp_path: Path) -> None:
 # -- the watcher ---------------------------------------------------------------------------------
 
 
-class FakeLister:
+class Listed:
+    """The containers the runtime holds, handed over as the PLEG's relist hands them."""
+
     def __init__(self) -> None:
-        self.containers: list[upb.Container] = []
-        self.lists = 0
+        self.containers: dict[str, tuple[str, RuntimeContainer]] = {}  # id -> (pod, container)
 
     def add(self, id: str, *, name: str = "app", pod: str = "web",
-            state: upb.ContainerState = upb.CONTAINER_RUNNING) -> None:
-        self.containers.append(upb.Container(
-            id=id, state=state, metadata=upb.ContainerMetadata(name=name),
-            labels={L.POD_UID: f"uid-{pod}", L.POD_NAME: pod, L.POD_NAMESPACE: "prod",
-                    L.CONTAINER_NAME: name}))
+            state: ContainerState = ContainerState.RUNNING) -> None:
+        self.containers[id] = (pod, RuntimeContainer(id=id, name=name, state=state))
 
-    async def list_containers_brief(self, *, call_timeout: float | None = None) -> list[Any]:
-        self.lists += 1
-        return list(self.containers)
+    def exit(self, id: str) -> None:
+        pod, container = self.containers[id]
+        self.containers[id] = (pod, replace(container, state=ContainerState.EXITED))
+
+    def pods(self) -> dict[str, RuntimePodStatus]:
+        by_pod: dict[str, list[RuntimeContainer]] = {}
+        for pod, container in self.containers.values():
+            by_pod.setdefault(pod, []).append(container)
+        return {f"uid-{pod}": RuntimePodStatus(uid=f"uid-{pod}", name=pod, namespace="prod",
+                                               containers=tuple(containers))
+                for pod, containers in by_pod.items()}
 
 
 @dataclass
 class Env:
     watcher: OOMWatcher
-    lister: FakeLister
+    listed: Listed
     events: trio.MemoryReceiveChannel[OOMEvent]
     root: Path
     kmsg: int | None
     published: list[Mapping[str, int]] = field(default_factory=list)
+
+    async def relist(self) -> None:
+        """What the PLEG does after a successful relist; returns once the watcher applied it."""
+        self.watcher.update(self.listed.pods())
+        await trio.testing.wait_all_tasks_blocked()
 
     def write_kmsg(self, data: bytes) -> None:
         assert self.kmsg is not None
@@ -179,8 +188,9 @@ class Env:
 
 
 @asynccontextmanager
-async def watching(tmp_path: Path, lister: FakeLister, *, kmsg: bool = True
-                   ) -> AsyncIterator[Env]:
+async def watching(tmp_path: Path, listed: Listed, *, kmsg: bool = True,
+                   relisted: bool = True) -> AsyncIterator[Env]:
+    """A running watcher; ``relisted``: given one relist already (the PLEG started first)."""
     root = tmp_path / "cgroup"
     (root / "memory").mkdir(parents=True, exist_ok=True)
     fifo = tmp_path / "kmsg"
@@ -193,12 +203,14 @@ async def watching(tmp_path: Path, lister: FakeLister, *, kmsg: bool = True
                          wall_clock=lambda: 1_700_000_000.0,
                          on_counts=lambda counts: published.append(dict(counts)),
                          offload=False)
+    if relisted:
+        watcher.update(listed.pods())
     send, receive = trio.open_memory_channel[OOMEvent](10)
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(lambda task_status: watcher.run(
-                send, lister, relist_period=1.0, task_status=task_status))
-            yield Env(watcher, lister, receive, root, writer, published)
+            await nursery.start(watcher.run, send)
+            await trio.testing.wait_all_tasks_blocked()
+            yield Env(watcher, listed, receive, root, writer, published)
             nursery.cancel_scope.cancel()
     finally:
         if writer is not None:
@@ -208,10 +220,10 @@ async def watching(tmp_path: Path, lister: FakeLister, *, kmsg: bool = True
 async def test_an_oom_in_a_watched_container_is_counted_and_sent(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    lister = FakeLister()
-    lister.add(ID)
+    listed = Listed()
+    listed.add(ID)
     directory = make_cgroup(tmp_path / "cgroup", ID)
-    async with watching(tmp_path, lister, kmsg=False) as env:
+    async with watching(tmp_path, listed, kmsg=False) as env:
         assert env.watcher.watched() == {ID}
         set_oom_kill(directory, 1)
         os.eventfd_write(registered_eventfd(directory), 1)
@@ -224,13 +236,30 @@ async def test_an_oom_in_a_watched_container_is_counted_and_sent(
         assert OOMEvent.model_validate_json(event.model_dump_json()) == event
 
 
+async def test_containers_are_watched_from_the_relist_that_lists_them_to_the_one_that_does_not(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    listed = Listed()
+    async with watching(tmp_path, listed, kmsg=False, relisted=False) as env:
+        assert env.watcher.watched() == frozenset(), "nothing to arm before the first relist"
+        make_cgroup(tmp_path / "cgroup", "a")
+        make_cgroup(tmp_path / "cgroup", "b")
+        listed.add("a")
+        listed.add("b", pod="api")
+        await env.relist()
+        assert env.watcher.watched() == {"a", "b"}
+        del listed.containers["a"]
+        await env.relist()
+        assert env.watcher.watched() == {"b"}
+
+
 async def test_the_counter_is_rechecked_when_the_kernel_notifies_before_killing(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    lister = FakeLister()
-    lister.add(ID)
+    listed = Listed()
+    listed.add(ID)
     directory = make_cgroup(tmp_path / "cgroup", ID)
-    async with watching(tmp_path, lister, kmsg=False) as env:
+    async with watching(tmp_path, listed, kmsg=False) as env:
         os.eventfd_write(registered_eventfd(directory), 1)
         await trio.sleep(0.05)
         set_oom_kill(directory, 1)  # the kill lands after the notification
@@ -240,10 +269,10 @@ async def test_the_counter_is_rechecked_when_the_kernel_notifies_before_killing(
 async def test_a_kill_seen_by_both_signals_is_counted_once(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    lister = FakeLister()
-    lister.add(ID)
+    listed = Listed()
+    listed.add(ID)
     directory = make_cgroup(tmp_path / "cgroup", ID)
-    async with watching(tmp_path, lister) as env:
+    async with watching(tmp_path, listed) as env:
         env.write_kmsg(kill_records(ID, pid=42, task="dd"))
         event = await env.next_event()
         assert (event.count, event.process, event.pid) == (1, "dd", 42)
@@ -259,19 +288,21 @@ async def test_a_kill_seen_by_both_signals_is_counted_once(
         await env.no_event()
 
 
-async def test_an_early_kill_is_counted_from_the_kernel_log_after_a_relist(
+async def test_an_early_kill_is_counted_from_the_kernel_log_at_the_next_relist(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    lister = FakeLister()
-    async with watching(tmp_path, lister) as env:
-        lists = lister.lists
-        lister.add("new", name="oom", pod="job", state=upb.CONTAINER_EXITED)
+    listed = Listed()
+    async with watching(tmp_path, listed, relisted=False) as env:
         env.write_kmsg(kill_records("new", pid=7))
-        event = await env.next_event(timeout=0.5)  # a relist at once, not after a period
+        await env.no_event()  # a container no relist has named yet
+        listed.add("new", name="oom", pod="job", state=ContainerState.EXITED)
+        await env.relist()
+        event = env.events.receive_nowait()  # at that relist, not a period later
         assert (event.container_id, event.pod_name, event.container_name) == ("new", "job", "oom")
-        assert lister.lists == lists + 1
 
         env.write_kmsg(kill_records("not-a-container"))
+        await env.no_event()
+        await env.relist()
         await env.no_event()
         assert env.watcher.counts == {"new": 1}
 
@@ -279,10 +310,10 @@ async def test_an_early_kill_is_counted_from_the_kernel_log_after_a_relist(
 async def test_a_vanished_cgroup_ends_its_watch_quietly(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    lister = FakeLister()
-    lister.add(ID)
+    listed = Listed()
+    listed.add(ID)
     directory = make_cgroup(tmp_path / "cgroup", ID)
-    async with watching(tmp_path, lister, kmsg=False) as env:
+    async with watching(tmp_path, listed, kmsg=False) as env:
         efd = registered_eventfd(directory)
         for child in directory.iterdir():
             child.unlink()
@@ -290,8 +321,8 @@ async def test_a_vanished_cgroup_ends_its_watch_quietly(
         os.eventfd_write(efd, 1)  # the kernel signals the removal too
         await env.no_event()
         assert env.watcher.watched() == frozenset()
-        lister.containers.clear()
-        await trio.sleep(1.5)
+        listed.containers.clear()
+        await env.relist()
         assert env.watcher.counts == {}
     assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
 
@@ -299,20 +330,19 @@ async def test_a_vanished_cgroup_ends_its_watch_quietly(
 async def test_counts_of_removed_containers_are_forgotten(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    lister = FakeLister()
-    lister.add(ID)
+    listed = Listed()
+    listed.add(ID)
     directory = make_cgroup(tmp_path / "cgroup", ID, oom_kill=0)
-    async with watching(tmp_path, lister) as env:
+    async with watching(tmp_path, listed) as env:
         set_oom_kill(directory, 1)
         os.eventfd_write(registered_eventfd(directory), 1)
         await env.next_event()
-        lister.containers[0] = upb.Container(
-            id=ID, state=upb.CONTAINER_EXITED, labels=dict(lister.containers[0].labels))
-        await trio.sleep(1.5)
+        listed.exit(ID)
+        await env.relist()
         assert env.watcher.watched() == frozenset(), "an exited container is not watched"
         assert env.watcher.counts == {ID: 1}, "its count stays while the runtime has it"
-        lister.containers.clear()
-        await trio.sleep(1.5)
+        listed.containers.clear()
+        await env.relist()
         assert env.watcher.counts == {}
         assert env.published[-1] == {}
 
@@ -320,8 +350,8 @@ async def test_counts_of_removed_containers_are_forgotten(
 async def test_a_container_that_already_had_kills_is_counted_on_registration(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    lister = FakeLister()
-    lister.add(ID)
+    listed = Listed()
+    listed.add(ID)
     make_cgroup(tmp_path / "cgroup", ID, oom_kill=2)
-    async with watching(tmp_path, lister, kmsg=False) as env:
+    async with watching(tmp_path, listed, kmsg=False) as env:
         assert (await env.next_event()).count == 2

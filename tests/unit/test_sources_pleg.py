@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import trio
 import trio.testing
 
 from trio_kubelet.clock import TrioWallClock
+from trio_kubelet.core.observed import ContainerState, RuntimePodStatus
 from trio_kubelet.events import Event, PodLifecycleEvent, RelistDone
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.runtime import configs
@@ -52,7 +54,10 @@ class Pleg:
 
 
 @asynccontextmanager
-async def running_pleg(tmp_path: Path) -> AsyncIterator[Pleg]:
+async def running_pleg(
+    tmp_path: Path,
+    on_relist: Callable[[Mapping[str, RuntimePodStatus]], None] | None = None,
+) -> AsyncIterator[Pleg]:
     wall = TrioWallClock(epoch=T0)
     sock = tmp_path / "cri.sock"
     async with serve_fake_runtime(sock, clock=wall.now) as fake, \
@@ -61,7 +66,7 @@ async def running_pleg(tmp_path: Path) -> AsyncIterator[Pleg]:
         # Unbounded, so reading late never delays a relist and relist times stay exact.
         send, receive = trio.open_memory_channel[Event](math.inf)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(run_pleg, send, client)
+            nursery.start_soon(partial(run_pleg, send, client, on_relist=on_relist))
             yield Pleg(fake, receive)
             nursery.cancel_scope.cancel()
 
@@ -170,3 +175,29 @@ async def test_relists_keep_their_period_when_the_runtime_is_slow(
         # Relists start every second; each reports how long its calls took.
         assert trio.current_time() - start == pytest.approx(2.25)
         assert durations == [pytest.approx(0.25)] * 3
+
+
+async def test_each_successful_relist_is_handed_to_on_relist_without_listing_again(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    relists: list[Mapping[str, RuntimePodStatus]] = []
+    async with running_pleg(tmp_path, on_relist=relists.append) as pleg:
+        fake = pleg.fake
+        sandbox = run_sandbox(fake, tmp_path)
+        a = run_container(fake, sandbox, "a")
+        await pleg.next_relist()
+        (pod,) = relists[0].values()
+        assert (pod.uid, pod.name, pod.namespace) == (UID, "web", "default")
+        assert [(c.id, c.name, c.state) for c in pod.containers] == [
+            (a, "a", ContainerState.RUNNING)]
+
+        fake.set_unavailable(True)
+        assert not (await pleg.next_relist()).done.ok
+        assert len(relists) == 1, "a failed relist hands nothing over"
+        fake.set_unavailable(False)
+        fake.crash(a, exit_code=1)
+        await pleg.next_relist()
+        assert [c.state for c in relists[-1][UID].containers] == [ContainerState.EXITED]
+        assert len(relists) == 2
+        # The subscriber lists nothing: the two successful relists' calls are all there is.
+        assert fake.calls["ListContainers"] == 2

@@ -12,6 +12,9 @@ Two signals, because neither is enough alone:
 
 A container's count is the larger of the two tallies, so a kill both signals
 report is counted once. Each increase is sent as an `OOMEvent`.
+
+Which containers exist comes from the PLEG's relists (`OOMWatcher.update`), not
+from listing the runtime a second time every second.
 """
 
 from __future__ import annotations
@@ -22,19 +25,17 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, Protocol
+from typing import Literal
 
 import trio
 from pydantic import BaseModel, ConfigDict
 
-from trio_kubelet.runtime import labels as L
-from trio_kubelet.runtime.errors import CRIError
+from trio_kubelet.core.observed import ContainerState, RuntimePodStatus
 from trio_kubelet.sources.sampler import (
-    CONTAINER_RUNNING,
     DEFAULT_CGROUP_PARENT,
     CgroupLocator,
     container_id_of,
@@ -51,7 +52,6 @@ __all__ = [
 
 log = logging.getLogger("trio_kubelet.oom")
 
-RELIST_PERIOD = 1.0
 # The oom_kill counter may lag the eventfd: the kernel notifies before it kills.
 _RECHECK_DELAYS = (0.01, 0.1, 1.0)
 
@@ -71,11 +71,6 @@ class OOMEvent(BaseModel):
     count: int  # OOM kills seen in this container so far (container_oom_events_total)
     process: str = ""  # the killed process, when /dev/kmsg named it
     pid: int = 0
-
-
-class ContainerLister(Protocol):
-    async def list_containers_brief(self, *, call_timeout: float | None = None) -> Sequence[Any]:
-        ...
 
 
 # -- /dev/kmsg -----------------------------------------------------------------------------------
@@ -182,9 +177,11 @@ class _Identity:
 class OOMWatcher:
     """Watches for OOM kills in the kubelet's containers; `counts` per container id.
 
-    ``register`` makes the eventfd (a parameter so tests can count on a fake
-    tree); ``kmsg`` None turns the kernel log off. ``on_counts`` is called with
-    the new counts after every change (the sampler's `set_oom_counts`).
+    The containers to watch are those of the last relist given to `update`
+    (the PLEG's ``on_relist``). ``register`` makes the eventfd (a parameter so
+    tests can count on a fake tree); ``kmsg`` None turns the kernel log off.
+    ``on_counts`` is called with the new counts after every change (the
+    sampler's `set_oom_counts`).
     ``offload=False`` locates cgroups on the event loop instead of a worker
     thread (for tests on trio's mock clock).
     """
@@ -213,7 +210,8 @@ class OOMWatcher:
         self._kmsg: dict[str, int] = {}  # kills the kernel log attributed to each container
         self._counts: dict[str, int] = {}
         self._unresolved: list[KernelOOM] = []  # kmsg kills of containers not listed yet
-        self._relist_wanted = trio.Event()
+        self._pods: Mapping[str, RuntimePodStatus] = {}  # the latest relist, applied by `run`
+        self._updated = trio.Event()
         self._send: trio.MemorySendChannel[OOMEvent] | None = None
 
     @property
@@ -225,68 +223,58 @@ class OOMWatcher:
         """The containers with a registered eventfd."""
         return frozenset(self._watches)
 
+    def update(self, pods: Mapping[str, RuntimePodStatus]) -> None:
+        """Take a relist's pods (by UID); `run` applies the latest at once.
+
+        Only a reference is kept and no work done here: the PLEG calls this on
+        its hot path. ``pods`` must not change afterwards (each relist is new).
+        """
+        self._pods = pods
+        self._updated.set()
+
     async def run(
         self,
         send: trio.MemorySendChannel[OOMEvent],
-        client: ContainerLister,
         *,
-        relist_period: float = RELIST_PERIOD,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Watch until cancelled; ready once the running containers are registered.
+        """Watch until cancelled; an eventfd is registered once `update` lists a container.
 
-        The container list is refreshed every ``relist_period`` seconds (and at
-        once when the kernel log names a container not listed yet), so an
-        eventfd is registered within that time of a container's start.
+        Before the first `update` nothing is armed; the kernel log's kills wait
+        for the relist that names their container.
         """
         async with send, trio.open_nursery() as nursery:
             self._send = send
             kmsg = self._open_kmsg()
             if kmsg is not None:  # the task owns (and closes) the descriptor from here
                 nursery.start_soon(self._watch_kmsg, kmsg)
-            try:
-                await self._relist(client, nursery)
-            except CRIError as err:
-                log.warning("OOM watcher: listing containers failed: %s", err)
-            nursery.start_soon(self._relist_loop, client, relist_period, nursery)
+            nursery.start_soon(self._apply_loop, nursery)
             task_status.started()
 
     # -- the container list
 
-    async def _relist_loop(
-        self, client: ContainerLister, period: float, nursery: trio.Nursery
-    ) -> None:
-        failing = False
+    async def _apply_loop(self, nursery: trio.Nursery) -> None:
         while True:
-            with trio.move_on_after(period):
-                await self._relist_wanted.wait()
-            self._relist_wanted = trio.Event()
-            try:
-                await self._relist(client, nursery)
-            except CRIError as err:
-                if not failing:
-                    log.warning("OOM watcher: listing containers failed: %s", err)
-                failing = True
-            else:
-                failing = False
+            await self._updated.wait()
+            self._updated = trio.Event()
+            await self._apply(self._pods, nursery)
 
-    async def _relist(self, client: ContainerLister, nursery: trio.Nursery) -> None:
-        containers = await client.list_containers_brief(call_timeout=10.0)
+    async def _apply(self, pods: Mapping[str, RuntimePodStatus], nursery: trio.Nursery) -> None:
         known: dict[str, _Identity] = {}
         running: list[str] = []
-        for c in containers:
-            uid = c.labels.get(L.POD_UID)
-            if not uid:
-                continue
-            known[c.id] = _Identity(
-                pod_uid=uid, pod_name=c.labels.get(L.POD_NAME, ""),
-                pod_namespace=c.labels.get(L.POD_NAMESPACE, ""),
-                container_name=c.labels.get(L.CONTAINER_NAME) or c.metadata.name,
-            )
-            if c.state == CONTAINER_RUNNING:
-                running.append(c.id)
+        for pod in pods.values():
+            for c in pod.containers:
+                known[c.id] = _Identity(pod.uid, pod.name, pod.namespace, c.name)
+                if c.state is ContainerState.RUNNING:
+                    running.append(c.id)
         self._known = known
         self._forget(known.keys())
+        unresolved, self._unresolved = self._unresolved, []
+        for kill in unresolved:
+            if kill.container_id in known:
+                await self._publish(kill.container_id, kill)
+            else:  # not a container of ours (a system service, another runtime)
+                self._kmsg.pop(kill.container_id, None)
         now = trio.current_time()
         # Locating is a stat per new container, but a cgroupspy walk (tens of ms) for one
         # outside the default parent: off the event loop unless told otherwise (tests).
@@ -300,12 +288,6 @@ class OOMWatcher:
         for id, path in cgroups.items():
             if id not in self._watches:
                 self._start_watch(id, self._memory + path.encode(), nursery)
-        unresolved, self._unresolved = self._unresolved, []
-        for kill in unresolved:
-            if kill.container_id in known:
-                await self._publish(kill.container_id, kill)
-            else:  # not a container of ours (a system service, another runtime)
-                self._kmsg.pop(kill.container_id, None)
 
     def _forget(self, listed: Container[str]) -> None:
         """Drop the tallies of containers the runtime no longer has."""
@@ -412,9 +394,8 @@ class OOMWatcher:
         self._kmsg[id] = self._kmsg.get(id, 0) + 1
         if id in self._known:
             await self._publish(id, kill)
-        else:
+        else:  # a container started and killed since the last relist, or not ours
             self._unresolved.append(kill)
-            self._relist_wanted.set()
 
     # -- counting
 

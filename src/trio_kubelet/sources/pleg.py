@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable, Mapping
 
 import trio
 
@@ -49,11 +50,14 @@ async def run_pleg(
     *,
     period: float = RELIST_PERIOD,
     metrics: AgentMetrics | None = None,
+    on_relist: Callable[[Mapping[str, RuntimePodStatus]], None] | None = None,
 ) -> None:
     """Relist every ``period`` seconds and send one event per container state change.
 
     A failed relist keeps the previous record, so the changes it hid are reported
-    by the next successful relist instead of being lost.
+    by the next successful relist instead of being lost. ``on_relist`` is given
+    each successful relist's pods (the OOM watcher's `update`), so no one else
+    lists the runtime for the same answer; it must return at once.
     """
     previous: dict[str, tuple[str, PlegState]] = {}
     failing = False
@@ -72,6 +76,8 @@ async def run_pleg(
                 if failing:
                     log.info("PLEG relist recovered")
                 failing = False
+                if on_relist is not None:
+                    on_relist(pods)
                 current = snapshot(pods.values())
                 for change in lifecycle_events(previous, current):
                     await send.send(
