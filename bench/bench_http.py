@@ -17,10 +17,14 @@ Each client first sends one unmeasured request (opening its keep-alive connectio
 then all start together. Any non-200 answer or exception counts as an error. Per endpoint and
 mode, ``agent_cpu_percent_of_core`` is the agent's utime+stime over the run and
 ``load_generator_cpu_percent_of_core`` this process's CPU: near 100 means the flat-out numbers
-measure the client as much as the agent. The fake runtime's cgroups do not exist, so the summary
-carries few figures; ``summary_at_ready_*`` and ``summary_at_end_*`` report what it holds.
+measure the client as much as the agent; ``agent_cpu_ms_per_request`` is the agent's CPU per
+request (background work included), the figure to compare when latencies are queueing.
+``--profile FILE`` runs the agent under cProfile and writes its pstats to FILE. The fake
+runtime's cgroups do not exist, so the summary carries few figures; ``summary_at_ready_*`` and
+``summary_at_end_*`` report what it holds.
 Prints one JSON object. Usage:
-``python bench/bench_http.py [--pods 110] [--clients 50] [--requests 1000] [--paced 10]``.
+``python bench/bench_http.py [--pods 110] [--clients 50] [--requests 1000] [--paced 10]
+[--profile FILE]``.
 """
 
 from __future__ import annotations
@@ -224,8 +228,11 @@ async def phase(httpx: Any, base: str, agent_pid: int, clients: int,
         cpu0, own0, t0 = cpu_seconds(agent_pid), time.process_time(), time.monotonic()
         result = await drive(httpx, base, path, clients, **how)
         seconds = time.monotonic() - t0
-        result["agent_cpu_percent_of_core"] = round(
-            100 * (cpu_seconds(agent_pid) - cpu0) / seconds, 1)
+        agent_cpu = cpu_seconds(agent_pid) - cpu0
+        result["agent_cpu_percent_of_core"] = round(100 * agent_cpu / seconds, 1)
+        # Steadier than the flat-out latencies, which move with how the 2 cores are shared.
+        result["agent_cpu_ms_per_request"] = round(1000 * agent_cpu / max(1, result["requests"]),
+                                                   3)
         result["load_generator_cpu_percent_of_core"] = round(
             100 * (time.process_time() - own0) / seconds, 1)
         results[KEYS[path]] = result
@@ -244,6 +251,14 @@ def verdicts(results: dict[str, Any]) -> dict[str, bool]:
 # --- the run ----------------------------------------------------------------------------------
 
 
+def agent_command(profile: Path | None) -> list[str]:
+    """``python -m trio_kubelet``, under cProfile when profiling (deterministic, so the
+    per-request functions' own times add up; pyinstrument's pstats output collapses them)."""
+    if profile is None:
+        return [sys.executable, "-m", "trio_kubelet"]
+    return [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "trio_kubelet"]
+
+
 def run(args: argparse.Namespace, httpx: Any) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="tkb-http-", dir="/tmp"))
     manifests = workdir / "manifests"
@@ -259,7 +274,7 @@ def run(args: argparse.Namespace, httpx: Any) -> dict[str, Any]:
         with fake_runtime(workdir) as (endpoint, _runtime_proc):
             with agent_log.open("w") as log:
                 agent = subprocess.Popen(
-                    [sys.executable, "-m", "trio_kubelet",
+                    [*agent_command(args.profile),
                      "--pod-manifest-path", str(manifests),
                      "--container-runtime-endpoint", endpoint,
                      "--root-dir", str(workdir / "root"),
@@ -326,6 +341,9 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=3.0)
     parser.add_argument("--start-timeout", type=float, default=180.0)
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    parser.add_argument("--profile", type=Path,
+                        help="run the agent under cProfile and write its pstats here "
+                             "(slower: compare with unprofiled runs only)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print(json.dumps({"bench": "http", "skipped": "needs root"}))

@@ -28,6 +28,7 @@ from trio_kubelet.model.duration import format_duration
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.server.app import plain_response
 from trio_kubelet.server.view import PLEG_RELIST_THRESHOLD, NodeView
+from trio_kubelet.status.store import PodStatusStore
 
 log = logging.getLogger(__name__)
 
@@ -175,18 +176,20 @@ def pod_list_json(pods: Sequence[Pod]) -> bytes:
 
 
 class _PodListCache:
-    """The last /pods body, reused while the store hands out the very same pod objects
-    (it replaces a pod object whenever that pod changes)."""
+    """The last /pods body, rendered again only when the status store's version moves
+    (every change to a pod, its status included, bumps it): fifty clients polling an
+    unchanged node share one serialisation, and no request sorts the pods."""
 
-    def __init__(self) -> None:
-        self._pods: list[Pod] = []
+    def __init__(self, store: PodStatusStore) -> None:
+        self._store = store
+        self._version = -1
         self._body = b""
 
-    def body(self, pods: list[Pod]) -> bytes:
-        if not self._body or len(pods) != len(self._pods) or any(
-                a is not b for a, b in zip(pods, self._pods, strict=True)):
-            self._body = pod_list_json(pods)
-            self._pods = pods  # held, so the identities compared above stay meaningful
+    def body(self) -> bytes:
+        version = self._store.version
+        if version != self._version:
+            self._body = pod_list_json(self._store.pods())
+            self._version = version
         return self._body
 
 
@@ -403,14 +406,14 @@ def node_blueprints(view: NodeView, metrics: AgentMetrics, *,
     machine = json.dumps(machine_info if machine_info is not None else read_machine_info()
                          ).encode()
     configz = json.dumps({"kubeletconfig": view.options.config.to_wire()}).encode()
-    pod_lists = _PodListCache()
+    pod_lists = _PodListCache(view.store)
 
     read_only = Blueprint("node_read_only", __name__)
 
     @read_only.route("/pods")
     @read_only.route("/pods/")
     async def pods() -> Response:
-        return _json_response(pod_lists.body(view.pods()))
+        return _json_response(pod_lists.body())
 
     @read_only.route("/spec")
     @read_only.route("/spec/")

@@ -21,8 +21,10 @@ from trio_kubelet.core.stats import (
     build_resource_metrics,
     summary_json,
 )
+from trio_kubelet.model.pod import Pod
 from trio_kubelet.server.app import plain_response
 from trio_kubelet.server.view import NodeView
+from trio_kubelet.status.store import PodStatusStore
 
 __all__ = ["stats_blueprint"]
 
@@ -33,6 +35,25 @@ NO_SAMPLE_YET = "Internal Error: failed to get node stats: no resource sample ta
 def _latest(view: NodeView) -> Sample | None:
     sample = view.latest_sample()
     return sample if isinstance(sample, Sample) else None
+
+
+class _SummaryPods:
+    """The pods a summary covers, with their UIDs as its cache key, taken from the status
+    store again only when its version moves: a request neither sorts nor walks the pods."""
+
+    def __init__(self, store: PodStatusStore) -> None:
+        self._store = store
+        self._version = -1
+        self._pods: list[Pod] = []
+        self._uids: tuple[str, ...] = ()
+
+    def current(self) -> tuple[list[Pod], tuple[str, ...]]:
+        version = self._store.version
+        if version != self._version:
+            self._pods = self._store.pods()
+            self._uids = tuple(pod.metadata.uid for pod in self._pods)
+            self._version = version
+        return self._pods, self._uids
 
 
 def _metrics_response(
@@ -67,6 +88,7 @@ def _text(body: bytes) -> Response:
 def stats_blueprint(view: NodeView) -> Blueprint:
     """The ``stats`` blueprint over ``view``: for both the full and the read-only server."""
     blueprint = Blueprint("stats", __name__)
+    summary_pods = _SummaryPods(view.store)
 
     @blueprint.route("/stats/summary", methods=["GET", "POST"])
     async def summary() -> Response:
@@ -78,10 +100,9 @@ def stats_blueprint(view: NodeView) -> Blueprint:
         if request.method == "POST":
             values += (await request.form).getlist("only_cpu_and_memory")
         cpu_and_memory_only = values == ["true"]
-        pods = view.pods()
+        pods, uids = summary_pods.current()
         node_name = view.options.node_name
-        key = ("summary", cpu_and_memory_only, node_name,
-               tuple(pod.metadata.uid for pod in pods))
+        key = ("summary", cpu_and_memory_only, node_name, uids)
         body = sample.rendered(key, lambda: summary_json(
             sample, node_name, pods, cpu_and_memory_only=cpu_and_memory_only))
         response: Response = current_app.response_class(body, content_type="application/json")

@@ -17,6 +17,9 @@ class PodStatusStore:
         self._pods: dict[str, Pod] = {}
         self._stopped: set[str] = set()
         self._changed = trio.Event()
+        # Bumped on every change to what pods() returns: readers that derive something from
+        # the pods (the /pods body) keep it while the version stays the same.
+        self.version = 0
 
     def set(self, pod: Pod, status: PodStatus, *, stopped: bool = False) -> None:
         """Record ``status`` for ``pod``; readers are woken only when something changed.
@@ -62,5 +65,6 @@ class PodStatusStore:
         await self._changed.wait()
 
     def _notify(self) -> None:
+        self.version += 1
         self._changed.set()
         self._changed = trio.Event()
