@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -16,7 +16,14 @@ import httpx
 import trio
 
 from trio_kubelet import __version__
-from trio_kubelet.apiserver.errors import APIError, Gone, Unreachable, error_from_status
+from trio_kubelet.apiserver.errors import (
+    APIError,
+    Conflict,
+    Gone,
+    NotFound,
+    Unreachable,
+    error_from_status,
+)
 from trio_kubelet.apiserver.kubeconfig import Connection
 from trio_kubelet.apiserver.ratelimit import TokenBucket
 
@@ -127,6 +134,21 @@ class APIClient:
 
     async def delete(self, path: str, options: JSON | None = None) -> JSON:
         return await self.request("DELETE", path, body=options)
+
+    async def delete_pod_now(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the pod object with grace 0, only if it is still the one with ``uid``.
+
+        Already gone (NotFound) or replaced by a pod of the same name (Conflict on the
+        UID precondition) both mean there is nothing left to delete.
+        """
+        options = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "gracePeriodSeconds": 0,
+            "preconditions": {"uid": uid},
+        }
+        with suppress(NotFound, Conflict):
+            await self.delete(f"/api/v1/namespaces/{namespace}/pods/{name}", options)
 
     @asynccontextmanager
     async def watch(

@@ -187,17 +187,8 @@ class StatusManager:
         uid = pod.metadata.uid
         if uid in self._deleting:
             return
-        path = f"/api/v1/namespaces/{pod.metadata.namespace}/pods/{pod.metadata.name}"
-        options = {
-            "kind": "DeleteOptions",
-            "apiVersion": "v1",
-            "gracePeriodSeconds": 0,
-            "preconditions": {"uid": uid},
-        }
         try:
-            await self.client.delete(path, options)
-        except (NotFound, Conflict):
-            pass
+            await self.client.delete_pod_now(pod.metadata.namespace, pod.metadata.name, uid)
         except Unreachable:
             raise
         except APIError as err:

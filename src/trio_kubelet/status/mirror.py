@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from trio_kubelet.apiserver.client import JSON, APIClient
-from trio_kubelet.apiserver.errors import AlreadyExists, APIError, Conflict, NotFound, Unreachable
+from trio_kubelet.apiserver.errors import AlreadyExists, APIError, Unreachable
 from trio_kubelet.apiserver.resync import resync_forever
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.sources.apiserver import MIRROR_ANNOTATION, APIPods
@@ -136,17 +136,10 @@ class MirrorPods:
         meta: dict[str, Any] = mirror.get("metadata") or {}
         if meta.get("deletionTimestamp"):
             return  # already going
-        path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}"
-        options = {
-            "kind": "DeleteOptions",
-            "apiVersion": "v1",
-            "gracePeriodSeconds": 0,
-            "preconditions": {"uid": meta.get("uid")},
-        }
         try:
-            await self.client.delete(path, options)
-        except (NotFound, Conflict):
-            pass
+            await self.client.delete_pod_now(
+                str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
+            )
         except Unreachable:
             raise
         except APIError as err:
