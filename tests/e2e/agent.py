@@ -103,11 +103,18 @@ def running_agent(
         agent.stop()
 
 
+PODS = "/api/v1/namespaces/default/pods"
+
+
 class Api:
     """The admin's view of the cluster, through the real API server."""
 
     def __init__(self, client: httpx.Client) -> None:
         self.client = client
+
+    def ensure_default_service_account(self) -> None:
+        """No controller-manager runs: the namespace's default ServiceAccount is made here."""
+        self.create("/api/v1/namespaces/default/serviceaccounts", {"metadata": {"name": "default"}})
 
     def get(self, path: str) -> JSON | None:
         answer = self.client.get(path)
@@ -148,6 +155,16 @@ class Api:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{what or path}: not reached in {timeout:g}s; last: {obj}")
             time.sleep(POLL)
+
+
+@contextmanager
+def node_admin(client: httpx.Client, node: str) -> Iterator[Api]:
+    """The admin's Api for tests of ``node``'s pods; those pods are deleted (grace 0) after."""
+    admin = Api(client)
+    admin.ensure_default_service_account()
+    yield admin
+    for pod in (admin.get(f"{PODS}?fieldSelector=spec.nodeName={node}") or {})["items"]:
+        admin.delete(f"{PODS}/{pod['metadata']['name']}", grace=0)
 
 
 def pod_manifest(name: str, node: str, image: str, command: list[str], **spec: Any) -> JSON:

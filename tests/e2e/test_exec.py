@@ -19,7 +19,16 @@ from pathlib import Path
 import pytest
 
 from tests.containerd_fixture import Containerd
-from tests.e2e.agent import JSON, AgentProcess, Api, condition, pod_manifest, running_agent
+from tests.e2e.agent import (
+    JSON,
+    PODS,
+    AgentProcess,
+    Api,
+    condition,
+    node_admin,
+    pod_manifest,
+    running_agent,
+)
 from tests.e2e.conftest import ControlPlane
 
 KUBECTL = shutil.which("kubectl")
@@ -27,22 +36,14 @@ pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installe
                                                         "drive it against the real API server")
 
 NODE = "exec-node"
-PODS = "/api/v1/namespaces/default/pods"
 POD = "talk"
 PORT = 8080
 
 
 @pytest.fixture
 def api(control_plane: ControlPlane) -> Iterator[Api]:
-    with control_plane.admin() as client:
-        admin = Api(client)
-        # No controller-manager runs: the namespace's default ServiceAccount is made here.
-        admin.create(
-            "/api/v1/namespaces/default/serviceaccounts", {"metadata": {"name": "default"}}
-        )
+    with control_plane.admin() as client, node_admin(client, NODE) as admin:
         yield admin
-        for pod in (admin.get(f"{PODS}?fieldSelector=spec.nodeName={NODE}") or {})["items"]:
-            admin.delete(f"{PODS}/{pod['metadata']['name']}", grace=0)
 
 
 def running(pod: JSON | None) -> bool:

@@ -17,30 +17,24 @@ import pytest
 from tests.containerd_fixture import Containerd
 from tests.e2e.agent import (
     JSON,
+    PODS,
     AgentProcess,
     Api,
     condition,
     container_status,
+    node_admin,
     pod_manifest,
     running_agent,
 )
 from tests.e2e.conftest import ControlPlane
 
 NODE = "pods-node"
-PODS = "/api/v1/namespaces/default/pods"
 
 
 @pytest.fixture
 def api(control_plane: ControlPlane) -> Iterator[Api]:
-    with control_plane.admin() as client:
-        admin = Api(client)
-        # No controller-manager runs: the namespace's default ServiceAccount is made here.
-        admin.create(
-            "/api/v1/namespaces/default/serviceaccounts", {"metadata": {"name": "default"}}
-        )
+    with control_plane.admin() as client, node_admin(client, NODE) as admin:
         yield admin
-        for pod in (admin.get(f"{PODS}?fieldSelector=spec.nodeName={NODE}") or {})["items"]:
-            admin.delete(f"{PODS}/{pod['metadata']['name']}", grace=0)
 
 
 @pytest.fixture
