@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from bench_steady_state import tree_version
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -118,7 +119,8 @@ def main() -> None:
          "--read-only-port", str(metrics_port), "--healthz-port", "0",
          "--client-ca-file", str(cp / "pki" / "ca.crt")],
         stdout=(work / "agent.log").open("wb"), stderr=subprocess.STDOUT)
-    result: dict[str, Any] = {"bench": "node_throughput", "pods": args.pods, "rate": args.rate}
+    result: dict[str, Any] = {"bench": "node_throughput", "tree": tree_version(),
+                              "pods": args.pods, "rate": args.rate}
     try:
         with admin_client(cp, server) as admin:
             admin.post(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",

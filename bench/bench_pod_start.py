@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from bench_steady_state import tree_version
 
 from trio_kubelet.agent import run_agent
 from trio_kubelet.cli import KlogFormatter, parse_run_options
@@ -681,18 +682,6 @@ def main() -> None:
     else:
         shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps(result))
-
-
-def tree_version() -> str:
-    """The commit measured, "+dirty" when src/ has uncommitted changes."""
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except OSError:
-        return "?"
-    return f"{head}+dirty" if dirty else head or "?"
 
 
 def _containerd_version() -> str:

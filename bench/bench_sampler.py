@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from bench_steady_state import tree_version
 
 from trio_kubelet.core.stats import (
     Sample,
@@ -213,18 +213,6 @@ def render_costs(sample: Sample, repeats: int = 20) -> dict[str, float]:
         "resource_ms": best(lambda: build_resource_metrics(sample)),
         "cadvisor_bytes": len(build_cadvisor_metrics(sample)),
     }
-
-
-def tree_version() -> str:
-    """The commit measured, "+dirty" when src/ has uncommitted changes."""
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except OSError:
-        return "?"
-    return f"{head}+dirty" if dirty else head or "?"
 
 
 def main() -> None:
