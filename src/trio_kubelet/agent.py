@@ -25,6 +25,8 @@ from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.node.manager import NodeManager, RuntimeProbe
+from trio_kubelet.probes.manager import ProbeManager
+from trio_kubelet.probes.prober import Prober
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import WorkerContext
 from trio_kubelet.replay.recorder import Recorder
@@ -266,7 +268,15 @@ async def run_agent(
                 runtime_name=runtime.split()[0],
                 recorder=recorder,
             )
-            loop = SyncLoop(ctx, pod_sources(options), sync_frequency=config.sync_frequency)
+            send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
+            probes = ProbeManager(
+                Prober(client), store, send.clone(), wall_clock=clock.now, events=events,
+                metrics=metrics,
+            )
+            ctx.on_status = probes.status_changed
+            loop = SyncLoop(
+                ctx, pod_sources(options), sync_frequency=config.sync_frequency, probes=probes
+            )
             loops.append(loop)
             sampler = Sampler(
                 root_fs=options.root_dir if options.root_dir.exists() else Path("/"),
@@ -274,8 +284,8 @@ async def run_agent(
                 wall_clock=clock.now,
             )
             oom = OOMWatcher(on_counts=sampler.set_oom_counts, wall_clock=clock.now)
-            send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
             async with trio.open_nursery() as nursery:
+                await nursery.start(probes.run)
                 await nursery.start(loop.run, receive)
                 if config.static_pod_path:
                     await nursery.start(

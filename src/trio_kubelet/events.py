@@ -59,6 +59,22 @@ class RelistDone(_Event):
     error: str = ""
 
 
+class ProbeResultEvent(_Event):
+    """A probe worker published a new result for one container instance.
+
+    ``forget`` is an older instance of the same container whose result of this
+    probe type is void now.
+    """
+
+    kind: Literal["probe"] = "probe"
+    pod_uid: str
+    container_name: str
+    container_id: str
+    probe: Literal["liveness", "readiness", "startup"]
+    result: Literal["success", "failure", "unknown"]
+    forget: str = ""
+
+
 class ResyncTick(_Event):
     """Periodic resync of every pod (syncFrequency) and retry of pods whose sync failed."""
 
@@ -66,7 +82,7 @@ class ResyncTick(_Event):
 
 
 Event = Annotated[
-    PodSetUpdate | PodLifecycleEvent | RelistDone | ResyncTick | OOMEvent,
+    PodSetUpdate | PodLifecycleEvent | RelistDone | ResyncTick | OOMEvent | ProbeResultEvent,
     Field(discriminator="kind"),
 ]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Iterable
+from typing import Protocol
 
 import trio
 
@@ -17,6 +18,7 @@ from trio_kubelet.events import (
     Event,
     PodLifecycleEvent,
     PodSetUpdate,
+    ProbeResultEvent,
     RelistDone,
     ResyncTick,
 )
@@ -29,11 +31,32 @@ from trio_kubelet.sources.oom import OOMEvent
 log = logging.getLogger("trio_kubelet.sync")
 
 
+class PodProbes(Protocol):
+    """What the sync loop tells the probe manager: which pods to probe."""
+
+    def set_pod(self, pod: Pod) -> None: ...
+    def remove_pod(self, uid: str) -> None: ...
+
+
+class _NoProbes:
+    def set_pod(self, pod: Pod) -> None:
+        pass
+
+    def remove_pod(self, uid: str) -> None:
+        pass
+
+
 class SyncLoop:
     def __init__(
-        self, ctx: WorkerContext, sources: Iterable[str], *, sync_frequency: float = 60.0
+        self,
+        ctx: WorkerContext,
+        sources: Iterable[str],
+        *,
+        sync_frequency: float = 60.0,
+        probes: PodProbes | None = None,
     ) -> None:
         self._ctx = ctx
+        self._probes = probes if probes is not None else _NoProbes()
         self._sync_frequency = sync_frequency
         self._relist_failing = False
         self.config = PodConfig(sources)
@@ -98,6 +121,8 @@ class SyncLoop:
                 worker.wake()
         elif isinstance(event, RelistDone):
             self._on_relist(event)
+        elif isinstance(event, ProbeResultEvent):
+            self._on_probe(event)
         elif isinstance(event, ResyncTick):
             # Spread over the period (deterministically by UID, so replays match),
             # not all pods at once: a burst of 110 syncs starves the relist.
@@ -115,6 +140,14 @@ class SyncLoop:
             self._relist_failing = False
             for worker in self.workers.values():
                 worker.wake()
+
+    def _on_probe(self, event: ProbeResultEvent) -> None:
+        """Record a probe result; sync the pod unless it is a liveness success (Go's rule)."""
+        worker = self.workers.get(event.pod_uid)
+        if worker is None or not self._ctx.probe_results.apply(event):
+            return
+        if event.probe != "liveness" or event.result != "success":
+            worker.wake()
 
     def _on_lifecycle(self, event: PodLifecycleEvent) -> None:
         worker = self.workers.get(event.pod_uid)
@@ -153,6 +186,10 @@ class SyncLoop:
             self._nursery.start_soon(self._run_worker, worker)
         worker.pod = pod
         worker.spec_seq = seq if pod is not None else -1
+        if pod is not None:
+            self._probes.set_pod(pod)
+        else:
+            self._probes.remove_pod(uid)
         worker.wake()
 
     async def _run_worker(self, worker: PodWorker) -> None:
@@ -161,3 +198,5 @@ class SyncLoop:
         finally:
             del self.workers[worker.uid]
             self._gone.add(worker.uid)
+            self._probes.remove_pod(worker.uid)
+            self._ctx.probe_results.remove_pod(worker.uid)

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import math
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,10 +28,12 @@ from trio_kubelet.core.backoff import (
 from trio_kubelet.core.grace import kill_grace_period
 from trio_kubelet.core.observed import ContainerState, RuntimePodStatus, SandboxState
 from trio_kubelet.core.phase import compute_pod_status
+from trio_kubelet.core.probes import ProbeType
 from trio_kubelet.images.manager import ImageError, ImageManager
 from trio_kubelet.kube_events import EventRecorder, pod_ref
 from trio_kubelet.model.pod import Container, Pod, PodStatus, is_sidecar
-from trio_kubelet.replay.codec import actions_to_json, observed_to_json
+from trio_kubelet.probes.results import ProbeResults
+from trio_kubelet.replay.codec import actions_to_json, observed_to_json, probe_results_to_json
 from trio_kubelet.replay.recorder import Recorder
 from trio_kubelet.replay.records import (
     ContainerStart,
@@ -66,6 +69,9 @@ class WorkerContext:
     runtime_name: str = "containerd"
     recorder: Recorder | None = None
     events: EventRecorder = field(default_factory=EventRecorder)  # log-only unless wired
+    probe_results: ProbeResults = field(default_factory=ProbeResults)
+    # Told after each status change of a pod (the probe manager's early first probe).
+    on_status: Callable[[str], None] = lambda uid: None
 
 
 @dataclass
@@ -162,10 +168,17 @@ class PodWorker:
         # As the Go kubelet: publish what is observed before acting, so a long kill
         # (grace periods) does not hide that a container already exited.
         self._publish(pod, runtime, result.now, self._errors)
-        actions = compute_pod_actions(pod, runtime)
+        liveness = ctx.probe_results.of(self.uid, ProbeType.LIVENESS)
+        startup = ctx.probe_results.of(self.uid, ProbeType.STARTUP)
+        if ctx.recorder is not None:  # the maps are live: copy what this decision saw
+            liveness, startup = dict(liveness), dict(startup)
+        actions = compute_pod_actions(pod, runtime, liveness=liveness, startup=startup)
         changed = await self._execute(pod, runtime, actions, result)
         if ctx.recorder is not None:
-            self._record_decision(ctx.recorder, t, pod, spec_seq, runtime, actions, result)
+            self._record_decision(
+                ctx.recorder, t, pod, spec_seq, runtime, actions, result,
+                probe_results_to_json(dict(liveness)), probe_results_to_json(dict(startup)),
+            )
         self._errors = result.errors
         if changed:
             runtime = await inspect_pod(ctx.client, self.uid)
@@ -181,6 +194,8 @@ class PodWorker:
         runtime: RuntimePodStatus,
         actions: PodActions,
         result: _SyncResult,
+        liveness: dict[str, str],
+        startup: dict[str, str],
     ) -> None:
         name, now, starts = pod.full_name, result.now, list(result.starts)
         recorder.add(
@@ -191,6 +206,8 @@ class PodWorker:
                 spec_seq=spec_seq,
                 now=now,
                 observed=observed_to_json(runtime),
+                liveness=liveness,
+                startup=startup,
                 actions=actions_to_json(actions),
                 starts=starts,
             )
@@ -476,6 +493,8 @@ class PodWorker:
             now=now,
             previous=self._status,
             sync_errors=errors,
+            readiness=ctx.probe_results.of(self.uid, ProbeType.READINESS),
+            startup=ctx.probe_results.of(self.uid, ProbeType.STARTUP),
             host_ip=ctx.node_ip,
             runtime_name=ctx.runtime_name,
         )
@@ -487,6 +506,7 @@ class PodWorker:
             c.state is ContainerState.RUNNING for c in runtime.containers
         ) and not any(s.state is SandboxState.READY for s in runtime.sandboxes)
         ctx.store.set(pod, status, stopped=stopped)
+        ctx.on_status(self.uid)
 
 
 def restart_count_from_logs(log_dir: Path) -> int:

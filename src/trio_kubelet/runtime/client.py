@@ -21,12 +21,21 @@ import grpclib.client
 import grpclib.exceptions
 import trio
 import trio_asyncio
+from grpclib.health.v1.health_grpc import HealthStub
+from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
 from .cri.runtime import v1
 from .cri_upb.runtime.v1 import api_pb2 as upb
 from .errors import CRIDeadlineExceeded, CRIUnavailable, StatusCode, error_for
 
-__all__ = ["CRIClient", "Observer", "open_cri_client", "socket_path"]
+__all__ = [
+    "CRIClient",
+    "HealthCheckError",
+    "Observer",
+    "grpc_health_check",
+    "open_cri_client",
+    "socket_path",
+]
 
 #: Called after every call with (method, request, response or CRIError, duration in seconds).
 Observer = Callable[[str, Any, Any, float], None]
@@ -449,6 +458,44 @@ class CRIClient:
         return await self._call("ImageFsInfo", request,
                                 lambda s, t: s.images.image_fs_info(request, timeout=t),
                                 self._deadline(call_timeout))
+
+
+class HealthCheckError(Exception):
+    """A gRPC health check got no status; the message says why, in the Go prober's words."""
+
+
+async def _check_health(host: str, port: int, service: str, timeout: float) -> str:
+    channel = grpclib.client.Channel(host, port)
+    try:
+        reply = await HealthStub(channel).Check(HealthCheckRequest(service=service),
+                                                timeout=timeout)
+        return str(HealthCheckResponse.ServingStatus.Name(reply.status))
+    except grpclib.GRPCError as exc:
+        if exc.status is grpclib.Status.UNIMPLEMENTED:
+            raise HealthCheckError("this server does not implement the grpc health protocol "
+                                   f"(grpc.health.v1.Health): {exc.message}") from None
+        raise HealthCheckError(f"error: health rpc probe failed: {exc.status.name}: "
+                               f"{exc.message}") from None
+    except TimeoutError:
+        raise HealthCheckError(f"timeout: health rpc did not complete within {timeout}s") from None
+    except _CONNECTION_ERRORS as exc:
+        raise HealthCheckError(f"failed to connect service {host}:{port}: {exc}") from None
+    finally:
+        channel.close()
+
+
+async def grpc_health_check(client: CRIClient, host: str, port: int, service: str,
+                            timeout: float) -> str:
+    """Ask a gRPC server's standard health service (grpc.health.v1) how ``service`` is.
+
+    Returns the serving status name ("SERVING", "NOT_SERVING", ...) or raises
+    HealthCheckError. It lives here because grpclib runs in the CRI client's
+    asyncio loop.
+    """
+    status: str = await client._loop.run_aio_coroutine(
+        _check_health(host, port, service, timeout)
+    )
+    return status
 
 
 def only_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
