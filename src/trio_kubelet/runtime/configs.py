@@ -7,7 +7,7 @@ from pathlib import Path
 from trio_kubelet.core.hashing import container_hash
 from trio_kubelet.core.resources import linux_resources
 from trio_kubelet.model.pod import Container, Pod
-from trio_kubelet.runtime import labels
+from trio_kubelet.runtime import labels, security
 from trio_kubelet.runtime.cri.runtime import v1 as cri
 
 _PROTOCOLS = {"TCP": cri.Protocol.TCP, "UDP": cri.Protocol.UDP, "SCTP": cri.Protocol.SCTP}
@@ -22,15 +22,6 @@ def pod_log_directory(pod_logs_dir: Path, pod: Pod) -> Path:
 def container_log_path(container_name: str, restart_count: int) -> str:
     """The log file of one container instance, relative to the pod log directory."""
     return f"{container_name}/{restart_count}.log"
-
-
-def _namespace_options(pod: Pod) -> cri.NamespaceOption:
-    spec = pod.spec
-    return cri.NamespaceOption(
-        network=cri.NamespaceMode.NODE if spec.host_network else cri.NamespaceMode.POD,
-        pid=cri.NamespaceMode.NODE if spec.host_pid else cri.NamespaceMode.CONTAINER,
-        ipc=cri.NamespaceMode.NODE if spec.host_ipc else cri.NamespaceMode.POD,
-    )
 
 
 def sandbox_hostname(pod: Pod) -> str:
@@ -63,9 +54,8 @@ def sandbox_config(pod: Pod, attempt: int, pod_logs_dir: Path) -> cri.PodSandbox
         labels=labels.sandbox_labels(meta.uid, meta.name, meta.namespace, meta.labels),
         annotations=dict(meta.annotations),
         linux=cri.LinuxPodSandboxConfig(
-            security_context=cri.LinuxSandboxSecurityContext(
-                namespace_options=_namespace_options(pod)
-            ),
+            security_context=security.sandbox_security_context(pod),
+            sysctls=security.pod_sysctls(pod),
         ),
     )
 
@@ -96,9 +86,7 @@ def container_config(
         tty=container.tty,
         linux=cri.LinuxContainerConfig(
             resources=_linux_resources(container),
-            security_context=cri.LinuxContainerSecurityContext(
-                namespace_options=_namespace_options(pod)
-            ),
+            security_context=security.container_security_context(pod, container),
         ),
     )
 
