@@ -15,7 +15,7 @@ import trio
 from trio_kubelet import __version__
 from trio_kubelet.apiserver.client import APIClient
 from trio_kubelet.apiserver.kubeconfig import load_kubeconfig
-from trio_kubelet.apiserver.object_cache import ObjectCache
+from trio_kubelet.apiserver.object_cache import ObjectCache, PodObjects
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.config import AgentOptions
 from trio_kubelet.core.phase import rfc3339
@@ -24,9 +24,12 @@ from trio_kubelet.images.manager import ImageManager
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.pod import Pod
+from trio_kubelet.node.machine import internal_ips, read_machine_facts
 from trio_kubelet.node.manager import NodeManager, RuntimeProbe
+from trio_kubelet.node.registration import configured_allocatable, machine_capacity
 from trio_kubelet.probes.manager import ProbeManager
 from trio_kubelet.probes.prober import Prober
+from trio_kubelet.reconcile.container_setup import NodeFacts
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import WorkerContext
 from trio_kubelet.replay.recorder import Recorder
@@ -61,6 +64,19 @@ RUNTIME_RETRY_MAX = 30.0
 # How often the sampler reads cgroups (cAdvisor's housekeeping; the sampler's figures
 # feed /stats/summary and /metrics/cadvisor).
 HOUSEKEEPING_INTERVAL = 10.0
+
+
+async def _node_facts(options: AgentOptions) -> NodeFacts:
+    """The node's IPs and allocatable resources, as containers' environments read them."""
+    machine = await trio.to_thread.run_sync(read_machine_facts, options.root_dir)
+    config = options.config
+    capacity = machine_capacity(machine, config.max_pods)
+    allocatable = configured_allocatable(capacity, config)
+    # It may resolve the node name: not on the event loop.
+    host_ips = await trio.to_thread.run_sync(internal_ips, options.node_ip, options.node_name)
+    return NodeFacts(
+        host_ips=host_ips, allocatable={name: a.value for name, a in allocatable.items()}
+    )
 
 
 async def wait_for_runtime(client: CRIClient, endpoint: str) -> str:
@@ -130,7 +146,7 @@ async def _run_cluster_tasks(
     events: EventRecorder,
     options: AgentOptions,
     loop: SyncLoop,
-    store: PodStatusStore,
+    ctx: WorkerContext,
     clock: TrioWallClock,
 ) -> None:
     """The API-server side: the Node and its Lease, pod source, pod statuses, mirror pods."""
@@ -146,6 +162,7 @@ async def _run_cluster_tasks(
     await nursery.start(config_maps.run)
     await nursery.start(secrets.run)
     pods = APIPods(caches=(config_maps, secrets))
+    ctx.objects = PodObjects(config_maps, secrets)
     nursery.start_soon(run_api_source, send.clone(), api, options.node_name, pods)
 
     def static_pods() -> dict[str, Pod] | None:
@@ -160,11 +177,11 @@ async def _run_cluster_tasks(
         return merged
 
     mirrors = MirrorPods(
-        api, pods, options.node_name, static_pods, lambda: node.node_uid, store.wait_changed
+        api, pods, options.node_name, static_pods, lambda: node.node_uid, ctx.store.wait_changed
     )
     nursery.start_soon(mirrors.run)
     statuses = StatusManager(
-        api, store, pods, mirror_of=mirrors.mirror_of, wall_time=lambda: rfc3339(clock.now())
+        api, ctx.store, pods, mirror_of=mirrors.mirror_of, wall_time=lambda: rfc3339(clock.now())
     )
     nursery.start_soon(statuses.run)
 
@@ -267,6 +284,7 @@ async def run_agent(
                 node_ip=(options.node_ip or "").split(",")[0],
                 runtime_name=runtime.split()[0],
                 recorder=recorder,
+                node=await _node_facts(options),
             )
             send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
             probes = ProbeManager(
@@ -300,7 +318,7 @@ async def run_agent(
                     )
                 if api is not None:
                     await _run_cluster_tasks(
-                        nursery, send, api, client, events, options, loop, store, clock
+                        nursery, send, api, client, events, options, loop, ctx, clock
                     )
                 if config.static_pod_url:
                     await nursery.start(

@@ -15,6 +15,8 @@ from trio_kubelet.agent import run_agent
 from trio_kubelet.cli import parse_run_options
 from trio_kubelet.model.pod import ContainerStatus, Pod
 from trio_kubelet.reconcile.loop import SyncLoop
+from trio_kubelet.runtime import configs
+from trio_kubelet.server.crilog import parse_chunk
 from trio_kubelet.status.store import PodStatusStore
 
 NODE = "itest-node"
@@ -57,6 +59,16 @@ class RunningAgent:
             f"pod {name} did not reach the expected state in {timeout}s; last status: "
             f"{pod.status.model_dump_json(by_alias=True, exclude_none=True) if pod else 'absent'}"
         )
+
+    def output(self, pod: Pod, name: str, restart: int = 0) -> list[str]:
+        """What a container instance wrote to stdout, line by line, from its CRI log file."""
+        path = configs.pod_log_directory(self.logs, pod) / configs.container_log_path(name, restart)
+        lines = []
+        for raw in path.read_bytes().splitlines():
+            chunk = parse_chunk(raw)
+            if chunk is not None and chunk.stream == "stdout":
+                lines.append(chunk.text.decode())
+        return lines
 
     async def wait_gone(self, name: str, timeout: float = 60.0) -> None:
         with trio.move_on_after(timeout):

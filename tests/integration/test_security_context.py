@@ -8,10 +8,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.integration.harness import RunningAgent, container, running_agent
+from tests.integration.harness import container, running_agent
 from trio_kubelet.model.pod import Pod
-from trio_kubelet.runtime import configs
-from trio_kubelet.server.crilog import parse_chunk
 
 if TYPE_CHECKING:
     from tests.containerd_fixture import Containerd
@@ -73,17 +71,6 @@ def manifest(template: str) -> str:
     )
 
 
-def output(agent: RunningAgent, pod: Pod, name: str) -> list[str]:
-    """What the container wrote to stdout, line by line, from its CRI log file."""
-    path = configs.pod_log_directory(agent.logs, pod) / configs.container_log_path(name, 0)
-    lines = []
-    for raw in path.read_bytes().splitlines():
-        chunk = parse_chunk(raw)
-        if chunk is not None and chunk.stream == "stdout":
-            lines.append(chunk.text.decode())
-    return lines
-
-
 def finished(pod: Pod) -> bool:
     return pod.status.phase in ("Succeeded", "Failed")
 
@@ -103,7 +90,7 @@ async def test_user_groups_and_sysctls_reach_the_container(
         agent.write("identity.yaml", manifest(IDENTITY))
         pod = await agent.wait_for("identity", finished)
         assert_succeeded(pod, "main")
-        uid, gid, groups, shm_rmid_forced, seccomp = output(agent, pod, "main")
+        uid, gid, groups, shm_rmid_forced, seccomp = agent.output(pod, "main")
         assert (uid, gid) == ("1234", "4321")
         # fsGroup and supplementalGroups join the process's groups.
         assert {"2000", "3000"} <= set(groups.split()), groups
@@ -118,11 +105,11 @@ async def test_read_only_root_capabilities_and_privileges(
         agent.write("restricted.yaml", manifest(RESTRICTED))
         pod = await agent.wait_for("restricted", finished)
         assert_succeeded(pod, "readonly", "caps", "privileged")
-        assert output(agent, pod, "readonly") == ["readonly"]
-        cap_eff, no_new_privs, seccomp = output(agent, pod, "caps")
+        assert agent.output(pod, "readonly") == ["readonly"]
+        cap_eff, no_new_privs, seccomp = agent.output(pod, "caps")
         assert int(cap_eff, 16) == 1 << 10, f"only CAP_NET_BIND_SERVICE expected, got {cap_eff}"
         assert no_new_privs == "1"
         assert seccomp == "2", "RuntimeDefault is a seccomp filter"
         # A privileged container runs (its sandbox was made privileged) with all capabilities.
-        [privileged_caps] = output(agent, pod, "privileged")
+        [privileged_caps] = agent.output(pod, "privileged")
         assert int(privileged_caps, 16) & CAP_SYS_ADMIN

@@ -14,6 +14,7 @@ immutable, and one idle watch each is cheap.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Literal
@@ -23,6 +24,7 @@ import trio
 from trio_kubelet.apiserver.client import JSON, APIClient, WatchEvent
 from trio_kubelet.apiserver.errors import APIError, Forbidden, NotFound, Unauthorized
 from trio_kubelet.apiserver.reflector import Reflector
+from trio_kubelet.core.objects import ObjectKind, ObjectUnavailable
 from trio_kubelet.core.references import pod_references
 from trio_kubelet.model.pod import Pod
 
@@ -31,6 +33,8 @@ Resource = Literal["configmaps", "secrets"]
 # seen: a first list it denies is asked again at these delays (s) before the denial counts,
 # instead of after the Reflector's 30 s wait for 403s.
 FORBIDDEN_RETRIES = (0.1, 0.2, 0.4, 0.8, 1.6)
+# How long a pod worker waits for a new pod's objects' first answers (the Go managers poll 1 s).
+SYNC_WAIT = 2.0
 
 
 class ObjectCacheError(Exception):
@@ -224,3 +228,31 @@ class ObjectCache:
 
     def _what(self, namespace: str, name: str) -> str:
         return f"{self.resource} {namespace}/{name}"
+
+
+class PodObjects:
+    """The two caches as pod workers use them: a lookup for the pure code, and a short wait.
+
+    ``wait_for`` lets a worker give a new pod's objects their first answer before it builds
+    the pod's containers, instead of failing them as not synced and retrying 10 s later.
+    """
+
+    def __init__(self, config_maps: ObjectCache, secrets: ObjectCache) -> None:
+        self._caches = {"ConfigMap": config_maps, "Secret": secrets}
+
+    def lookup(self, kind: ObjectKind, namespace: str, name: str) -> JSON | None:
+        try:
+            return self._caches[kind].get(namespace, name)
+        except NotFound:
+            return None
+        except (ObjectCacheError, APIError) as err:
+            raise ObjectUnavailable(f"cannot read {kind} {namespace}/{name}: {err}") from None
+
+    async def wait_for(self, pod: Pod, *, timeout: float = SYNC_WAIT) -> None:
+        refs = pod_references(pod)
+        namespace = pod.metadata.namespace
+        for kind, names in (("ConfigMap", refs.config_maps), ("Secret", refs.secrets)):
+            if names:
+                # Best effort: what is still unanswered is reported by the lookup.
+                with contextlib.suppress(ObjectCacheError):
+                    await self._caches[kind].wait_synced(namespace, names, timeout=timeout)

@@ -18,7 +18,7 @@ from math import ceil
 from typing import Any
 
 from trio_kubelet import __version__
-from trio_kubelet.config import AgentOptions
+from trio_kubelet.config import AgentOptions, KubeletConfiguration
 from trio_kubelet.model.quantity import parse_quantity
 from trio_kubelet.node.conditions import conditions_changed, node_conditions
 
@@ -216,6 +216,19 @@ def node_allocatable(
     return allocatable
 
 
+def configured_allocatable(
+    capacity: Mapping[str, Amount], config: KubeletConfiguration
+) -> dict[str, Amount]:
+    """Allocatable as the configuration's reservations and hard eviction thresholds leave it."""
+    reservation = allocatable_reservation(
+        capacity,
+        kube_reserved=config.kube_reserved,
+        system_reserved=config.system_reserved,
+        eviction_hard=config.eviction_hard,
+    )
+    return node_allocatable(capacity, reservation)
+
+
 def _amounts(resources: Mapping[str, Any]) -> dict[str, Fraction]:
     return {name: parse_quantity(str(value)) for name, value in resources.items()}
 
@@ -282,13 +295,7 @@ def node_status(
         if name not in MACHINE_RESOURCES and not name.startswith(HUGEPAGES_PREFIX)
     }
     capacity.update(machine_capacity(inputs.machine, config.max_pods))
-    reservation = allocatable_reservation(
-        capacity,
-        kube_reserved=config.kube_reserved,
-        system_reserved=config.system_reserved,
-        eviction_hard=config.eviction_hard,
-    )
-    allocatable = node_allocatable(capacity, reservation)
+    allocatable = configured_allocatable(capacity, config)
     machine = inputs.machine
     runtime = container_runtime_version(inputs.runtime)
     return {

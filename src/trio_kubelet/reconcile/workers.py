@@ -13,10 +13,12 @@ import math
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import trio
 
+from trio_kubelet.apiserver.object_cache import PodObjects
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.core.actions import PodActions, compute_pod_actions
 from trio_kubelet.core.backoff import (
@@ -26,6 +28,7 @@ from trio_kubelet.core.backoff import (
     gate_container_start,
 )
 from trio_kubelet.core.grace import kill_grace_period
+from trio_kubelet.core.objects import no_objects
 from trio_kubelet.core.observed import ContainerState, RuntimePodStatus, SandboxState
 from trio_kubelet.core.phase import compute_pod_status
 from trio_kubelet.core.probes import ProbeType
@@ -33,6 +36,11 @@ from trio_kubelet.images.manager import ImageError, ImageManager
 from trio_kubelet.kube_events import EventRecorder, pod_ref
 from trio_kubelet.model.pod import Container, Pod, PodStatus, is_sidecar
 from trio_kubelet.probes.results import ProbeResults
+from trio_kubelet.reconcile.container_setup import (
+    ContainerConfigError,
+    NodeFacts,
+    prepare_container,
+)
 from trio_kubelet.replay.codec import actions_to_json, observed_to_json, probe_results_to_json
 from trio_kubelet.replay.recorder import Recorder
 from trio_kubelet.replay.records import (
@@ -45,7 +53,7 @@ from trio_kubelet.runtime import configs
 from trio_kubelet.runtime.client import CRIClient
 from trio_kubelet.runtime.cri.runtime import v1 as cri
 from trio_kubelet.runtime.errors import CRIError
-from trio_kubelet.runtime.inspect import inspect_pod
+from trio_kubelet.runtime.inspect import detailed_sandbox, inspect_pod
 from trio_kubelet.status.store import PodStatusStore
 
 log = logging.getLogger("trio_kubelet.workers")
@@ -70,6 +78,8 @@ class WorkerContext:
     recorder: Recorder | None = None
     events: EventRecorder = field(default_factory=EventRecorder)  # log-only unless wired
     probe_results: ProbeResults = field(default_factory=ProbeResults)
+    objects: PodObjects | None = None  # the ConfigMaps and Secrets pods refer to (API only)
+    node: NodeFacts = field(default_factory=NodeFacts)
     # Told after each status change of a pod (the probe manager's early first probe).
     on_status: Callable[[str], None] = lambda uid: None
 
@@ -241,37 +251,48 @@ class PodWorker:
             await self._remove_init_containers(pod, runtime, keep_newest=True)
         changed = actions.kill_pod or bool(actions.containers_to_kill)
         sandbox_id = actions.sandbox_id
+        pod_ips = [runtime.ip, *runtime.sandboxes[0].additional_ips] if runtime.ip else []
         if actions.create_sandbox:
             sandbox_id = await self._create_sandbox(pod, actions.attempt, result)
             if not sandbox_id:
                 return True
             changed = True
+            pod_ips = await self._sandbox_ips(sandbox_id)
         elif actions.kill_pod:
             return changed
+        if pod.spec.host_network:
+            pod_ips = list(self._ctx.node.host_ips)
         sandbox = configs.sandbox_config(pod, actions.attempt, self._ctx.pod_logs_dir)
+        objects = self._ctx.objects
+        if objects is not None and (
+            actions.ephemeral_containers_to_start
+            or actions.init_containers_to_start
+            or actions.containers_to_start
+        ):
+            await objects.wait_for(pod)
+        start = partial(self._start, pod, runtime, sandbox_id=sandbox_id, sandbox=sandbox,
+                        pod_ips=pod_ips, result=result)
         spec = pod.spec
         for index in actions.ephemeral_containers_to_start:
-            changed |= await self._start(
-                pod,
-                runtime,
-                spec.ephemeral_containers[index],
-                "ephemeral",
-                sandbox_id,
-                sandbox,
-                result,
-            )
+            changed |= await start(spec.ephemeral_containers[index], "ephemeral")
         for index in actions.init_containers_to_start:
             init = spec.init_containers[index]
             kind = "sidecar" if is_sidecar(init) else "init"
-            started = await self._start(pod, runtime, init, kind, sandbox_id, sandbox, result)
+            started = await start(init, kind)
             changed |= started
             if not started and kind == "init":
                 break
         for index in actions.containers_to_start:
-            changed |= await self._start(
-                pod, runtime, spec.containers[index], "regular", sandbox_id, sandbox, result
-            )
+            changed |= await start(spec.containers[index], "regular")
         return changed
+
+    async def _sandbox_ips(self, sandbox_id: str) -> list[str]:
+        """The new sandbox's IPs, for the environment (status.podIP(s))."""
+        response = await self._ctx.client.pod_sandbox_status(sandbox_id)
+        if response.status is None:
+            return []
+        sandbox = detailed_sandbox(response.status)
+        return [sandbox.ip, *sandbox.additional_ips] if sandbox.ip else []
 
     async def _create_sandbox(self, pod: Pod, attempt: int, result: _SyncResult) -> str:
         config = configs.sandbox_config(pod, attempt, self._ctx.pod_logs_dir)
@@ -306,8 +327,10 @@ class PodWorker:
         runtime: RuntimePodStatus,
         container: Container,
         kind: str,
+        *,
         sandbox_id: str,
         sandbox: cri.PodSandboxConfig,
+        pod_ips: list[str],
         result: _SyncResult,
     ) -> bool:
         """Start one container unless it is in crash-loop backoff; record why it did not start."""
@@ -356,9 +379,22 @@ class PodWorker:
             restart_count = newest.restart_count + 1
         else:  # every instance was removed (a new sandbox purges init containers)
             restart_count = restart_count_from_logs(log_dir)
-        config = configs.container_config(
-            pod, container, kind=kind, image_ref=image_ref, restart_count=restart_count
-        )
+        try:
+            config = await prepare_container(
+                ctx.client,
+                ctx.events,
+                ctx.objects.lookup if ctx.objects is not None else no_objects,
+                ctx.node,
+                pod,
+                container,
+                pod_ips,
+                kind=kind, image_ref=image_ref, restart_count=restart_count,
+            )
+        except ContainerConfigError as err:
+            ctx.events.pod_event(pod, "Warning", "Failed", f"Error: {err.message}", container.name)
+            result.errors[container.name] = (err.reason, err.message)
+            result.retry_in(SYNC_ERROR_RETRY)
+            return False
         log_dir.mkdir(parents=True, exist_ok=True)
         try:
             container_id = await ctx.client.create_container(sandbox_id, config, sandbox)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from trio_kubelet.core.hashing import container_hash
@@ -61,18 +62,33 @@ def sandbox_config(pod: Pod, attempt: int, pod_logs_dir: Path) -> cri.PodSandbox
 
 
 def container_config(
-    pod: Pod, container: Container, *, kind: str, image_ref: str, restart_count: int
+    pod: Pod,
+    container: Container,
+    *,
+    kind: str,
+    image_ref: str,
+    restart_count: int,
+    envs: Sequence[tuple[str, str]] | None = None,
+    command: Sequence[str] | None = None,
+    args: Sequence[str] | None = None,
+    mounts: Sequence[cri.Mount] = (),
 ) -> cri.ContainerConfig:
-    """``kind`` is "init", "sidecar", "ephemeral" or "regular" (stored for adoption and GC)."""
+    """``kind`` is "init", "sidecar", "ephemeral" or "regular" (stored for adoption and GC).
+
+    ``envs``, ``command`` and ``args`` are the resolved and expanded ones
+    (``reconcile.container_setup``); left out, the spec's literal values are used.
+    """
     meta = pod.metadata
-    envs = [cri.KeyValue(key=env.name, value=env.value or "") for env in container.env]
+    if envs is None:
+        envs = [(env.name, env.value or "") for env in container.env]
     return cri.ContainerConfig(
         metadata=cri.ContainerMetadata(name=container.name, attempt=restart_count),
         image=cri.ImageSpec(image=image_ref, user_specified_image=container.image),
-        command=list(container.command),
-        args=list(container.args),
+        command=list(container.command if command is None else command),
+        args=list(container.args if args is None else args),
         working_dir=container.working_dir or "",
-        envs=envs,
+        envs=[cri.KeyValue(key=key, value=value) for key, value in envs],
+        mounts=list(mounts),
         labels=labels.container_labels(meta.uid, meta.name, meta.namespace, container.name),
         annotations=labels.container_annotations(
             container_hash(container),

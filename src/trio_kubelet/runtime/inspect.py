@@ -185,7 +185,7 @@ async def inspect_pod(client: RuntimeReader, uid: str) -> RuntimePodStatus:
             sandboxes_out.pop(0)
         else:
             if response_sb.status is not None:
-                sandboxes_out[0] = _detailed_sandbox(response_sb.status)
+                sandboxes_out[0] = detailed_sandbox(response_sb.status)
     return RuntimePodStatus(uid=uid, name=base.name, namespace=base.namespace,
                             sandboxes=tuple(sandboxes_out), containers=tuple(containers))
 
@@ -211,7 +211,7 @@ def _detailed_container(status: v1.ContainerStatus, sandbox_id: str) -> RuntimeC
     )
 
 
-def _detailed_sandbox(status: v1.PodSandboxStatus) -> RuntimeSandbox:
+def detailed_sandbox(status: v1.PodSandboxStatus) -> RuntimeSandbox:
     linux = status.linux
     namespaces = linux.namespaces if linux is not None else None
     options = namespaces.options if namespaces is not None else None

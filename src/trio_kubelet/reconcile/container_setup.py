@@ -1,0 +1,114 @@
+"""A container's CRI config with what its spec only refers to (``generateContainerConfig``).
+
+Its environment (``core.env``: values, fields, resources, ConfigMaps and Secrets), its
+command and args with ``$(VAR)`` expanded, and the checks the Go kubelet makes at
+this point (runAsNonRoot against the image's user). A failure is the container's
+``CreateContainerConfigError`` with the precise reason; other containers go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from trio_kubelet.core.env import (
+    CREATE_CONTAINER_CONFIG_ERROR,
+    EnvError,
+    container_env,
+    expand_command,
+    invalid_env_from_names,
+)
+from trio_kubelet.core.objects import ObjectLookup
+from trio_kubelet.kube_events import EventRecorder
+from trio_kubelet.model.pod import Container, Pod
+from trio_kubelet.runtime import configs
+from trio_kubelet.runtime.client import CRIClient
+from trio_kubelet.runtime.cri.runtime import v1 as cri
+from trio_kubelet.runtime.security import (
+    SecurityContextError,
+    effective_security_context,
+    verify_run_as_non_root,
+)
+
+
+class ContainerConfigError(Exception):
+    """The container cannot be configured; ``message`` is shown in its waiting state."""
+
+    reason = CREATE_CONTAINER_CONFIG_ERROR
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What the environment reads of the node: its IPs and allocatable resources."""
+
+    host_ips: Sequence[str] = ()
+    allocatable: Mapping[str, Fraction] | None = None
+
+
+async def prepare_container(
+    client: CRIClient,
+    events: EventRecorder,
+    lookup: ObjectLookup,
+    node: NodeFacts,
+    pod: Pod,
+    container: Container,
+    pod_ips: Sequence[str],
+    *,
+    kind: str,
+    image_ref: str,
+    restart_count: int,
+    mounts: Sequence[cri.Mount] = (),
+) -> cri.ContainerConfig:
+    """The container's CRI config, env and command resolved; raises ContainerConfigError."""
+    try:
+        await _check_run_as_non_root(client, pod, container, image_ref)
+        envs = container_env(
+            pod,
+            container,
+            lookup=lookup,
+            pod_ip=pod_ips[0] if pod_ips else "",
+            pod_ips=list(pod_ips),
+            host_ip=node.host_ips[0] if node.host_ips else "",
+            host_ips=list(node.host_ips),
+            node_allocatable=node.allocatable or {},
+        )
+        command, args = expand_command(container, envs)
+        config = configs.container_config(
+            pod,
+            container,
+            kind=kind,
+            image_ref=image_ref,
+            restart_count=restart_count,
+            envs=envs,
+            command=command,
+            args=args,
+            mounts=mounts,
+        )
+    except (EnvError, SecurityContextError) as err:
+        raise ContainerConfigError(str(err)) from None
+    for invalid in invalid_env_from_names(pod, container, lookup=lookup):
+        events.pod_event(pod, "Warning", invalid.reason, invalid.message, container.name)
+    return config
+
+
+async def _check_run_as_non_root(
+    client: CRIClient, pod: Pod, container: Container, image_ref: str
+) -> None:
+    effective = effective_security_context(pod, container)
+    if not effective.run_as_non_root:
+        return
+    uid: int | None = None
+    username = ""
+    if effective.run_as_user is None:  # only then does the image's user matter
+        image = await client.image_status(image_ref)
+        if image is not None:
+            uid = image.uid.value if image.uid is not None else None
+            username = image.username
+    problem = verify_run_as_non_root(pod, container, uid, username)
+    if problem is not None:
+        raise ContainerConfigError(problem)
