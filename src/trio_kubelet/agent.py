@@ -34,6 +34,7 @@ from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import WorkerContext
 from trio_kubelet.replay.recorder import Recorder
 from trio_kubelet.replay.records import Header
+from trio_kubelet.resources.cgroups import CgroupError, QOSCgroups
 from trio_kubelet.runtime.client import CRIClient, Observer, open_cri_client
 from trio_kubelet.runtime.errors import CRIError
 from trio_kubelet.server.auth import ReviewClient
@@ -77,6 +78,40 @@ async def _node_facts(options: AgentOptions) -> NodeFacts:
     return NodeFacts(
         host_ips=host_ips, allocatable={name: a.value for name, a in allocatable.items()}
     )
+
+
+async def _start_qos_cgroups(
+    nursery: trio.Nursery, options: AgentOptions, store: PodStatusStore
+) -> QOSCgroups | None:
+    """The kubepods hierarchy (cgroupsPerQOS); without usable cgroup v1, pods run without it."""
+    config = options.config
+    if not config.cgroups_per_qos:
+        return None
+    qos = QOSCgroups(cgroup_root=config.cgroup_root)
+    try:
+        await nursery.start(qos.run, store.pods)
+    except CgroupError as err:
+        log.error("QoS cgroups unavailable, pods get the runtime's default cgroups: %s", err)
+        return None
+    return qos
+
+
+async def _sweep_pod_cgroups(qos: QOSCgroups, loop: SyncLoop, period: float) -> None:
+    """Remove pod cgroups no pod owns (Go's cleanupOrphanedPodCgroups), once PLEG has listed.
+
+    Until the first relist the agent does not know which pods the runtime holds, and
+    removing a cgroup kills what is in it.
+    """
+    while True:
+        await trio.sleep(period)
+        if loop.last_relist_ok is None:
+            continue
+        for uid in await qos.orphans(loop.workers):
+            log.info("Removing the cgroups of pod %s, which no pod owns", uid)
+            try:
+                await qos.remove_pod(uid)
+            except CgroupError as err:
+                log.warning("Removing orphaned pod cgroup %s failed: %s", uid, err)
 
 
 async def wait_for_runtime(client: CRIClient, endpoint: str) -> str:
@@ -303,6 +338,9 @@ async def run_agent(
             )
             oom = OOMWatcher(on_counts=sampler.set_oom_counts, wall_clock=clock.now)
             async with trio.open_nursery() as nursery:
+                ctx.qos = await _start_qos_cgroups(nursery, options, store)
+                if ctx.qos is not None:
+                    nursery.start_soon(_sweep_pod_cgroups, ctx.qos, loop, config.sync_frequency)
                 await nursery.start(probes.run)
                 await nursery.start(loop.run, receive)
                 if config.static_pod_path:

@@ -49,6 +49,7 @@ from trio_kubelet.replay.records import (
     StatusRecord,
     TeardownRecord,
 )
+from trio_kubelet.resources.cgroups import CgroupError, QOSCgroups
 from trio_kubelet.runtime import configs
 from trio_kubelet.runtime.client import CRIClient
 from trio_kubelet.runtime.cri.runtime import v1 as cri
@@ -79,6 +80,7 @@ class WorkerContext:
     events: EventRecorder = field(default_factory=EventRecorder)  # log-only unless wired
     probe_results: ProbeResults = field(default_factory=ProbeResults)
     objects: PodObjects | None = None  # the ConfigMaps and Secrets pods refer to (API only)
+    qos: QOSCgroups | None = None  # the kubepods hierarchy, with cgroupsPerQOS
     node: NodeFacts = field(default_factory=NodeFacts)
     # Told after each status change of a pod (the probe manager's early first probe).
     on_status: Callable[[str], None] = lambda uid: None
@@ -262,7 +264,7 @@ class PodWorker:
             return changed
         if pod.spec.host_network:
             pod_ips = list(self._ctx.node.host_ips)
-        sandbox = configs.sandbox_config(pod, actions.attempt, self._ctx.pod_logs_dir)
+        sandbox = self._sandbox_config(pod, actions.attempt)
         objects = self._ctx.objects
         if objects is not None and (
             actions.ephemeral_containers_to_start
@@ -294,12 +296,18 @@ class PodWorker:
         sandbox = detailed_sandbox(response.status)
         return [sandbox.ip, *sandbox.additional_ips] if sandbox.ip else []
 
+    def _sandbox_config(self, pod: Pod, attempt: int) -> cri.PodSandboxConfig:
+        qos = self._ctx.qos
+        parent = qos.cgroup_parent(pod) if qos is not None else ""
+        return configs.sandbox_config(pod, attempt, self._ctx.pod_logs_dir, cgroup_parent=parent)
+
     async def _create_sandbox(self, pod: Pod, attempt: int, result: _SyncResult) -> str:
-        config = configs.sandbox_config(pod, attempt, self._ctx.pod_logs_dir)
+        config = self._sandbox_config(pod, attempt)
         Path(config.log_directory).mkdir(parents=True, exist_ok=True)
         try:
+            await self._ensure_pod_cgroup(pod)
             sandbox_id = await self._ctx.client.run_pod_sandbox(config)
-        except CRIError as err:
+        except (CRIError, CgroupError) as err:
             log.error("Failed to create sandbox for pod %s (%s): %s", pod.full_name, self.uid, err)
             self._ctx.events.pod_event(
                 pod,
@@ -320,6 +328,15 @@ class PodWorker:
             attempt,
         )
         return sandbox_id
+
+    async def _ensure_pod_cgroup(self, pod: Pod) -> None:
+        """The pod's cgroup with its limits, the QoS tiers counting it (Go's syncPod order)."""
+        qos = self._ctx.qos
+        if qos is None:
+            return
+        others = [p for p in self._ctx.store.pods() if p.metadata.uid != self.uid]
+        await qos.update_qos([*others, pod])
+        await qos.ensure_pod(pod)
 
     async def _start(
         self,
@@ -511,6 +528,12 @@ class PodWorker:
         # By UID alone: the directory may exist without any sandbox to name the pod.
         for log_dir in ctx.pod_logs_dir.glob(f"*_{self.uid}"):
             shutil.rmtree(log_dir, ignore_errors=True)
+        if ctx.qos is not None:
+            try:
+                await ctx.qos.remove_pod(self.uid)
+                await ctx.qos.update_qos(p for p in ctx.store.pods() if p.metadata.uid != self.uid)
+            except CgroupError as err:  # the orphan sweep tries again
+                log.warning("Removing the cgroups of pod %s (%s) failed: %s", name, self.uid, err)
         ctx.store.remove(self.uid)
         if ctx.recorder is not None:
             t = trio.current_time()

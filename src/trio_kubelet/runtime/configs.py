@@ -32,7 +32,10 @@ def sandbox_hostname(pod: Pod) -> str:
     return (pod.spec.hostname or pod.metadata.name)[:63].rstrip("-.")
 
 
-def sandbox_config(pod: Pod, attempt: int, pod_logs_dir: Path) -> cri.PodSandboxConfig:
+def sandbox_config(
+    pod: Pod, attempt: int, pod_logs_dir: Path, *, cgroup_parent: str = ""
+) -> cri.PodSandboxConfig:
+    """``cgroup_parent``: the pod's cgroup (cgroupsPerQOS), "" for the runtime's default."""
     meta = pod.metadata
     ports = [
         cri.PortMapping(
@@ -55,6 +58,7 @@ def sandbox_config(pod: Pod, attempt: int, pod_logs_dir: Path) -> cri.PodSandbox
         labels=labels.sandbox_labels(meta.uid, meta.name, meta.namespace, meta.labels),
         annotations=dict(meta.annotations),
         linux=cri.LinuxPodSandboxConfig(
+            cgroup_parent=cgroup_parent,
             security_context=security.sandbox_security_context(pod),
             sysctls=security.pod_sysctls(pod),
         ),

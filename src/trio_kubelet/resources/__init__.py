@@ -1,0 +1,1 @@
+"""Node resource managers: the shells that apply core/ resource decisions to the host (cgroups)."""

@@ -1,0 +1,334 @@
+"""The QoS cgroup hierarchy on cgroup v1 (cgroupfs driver): kubepods, its tiers and pod cgroups.
+
+What goes where and with which limits is decided in `core.pod_cgroups`; this
+shell makes the directories in each controller's hierarchy and writes the
+settings, in a worker thread so the event loop never waits on cgroupfs. The
+cpu, memory and cpuset settings go through cgroupspy nodes addressed directly
+(never a `Tree()` walk); hugetlb, which cgroupspy lacks, and the scans are
+plain file operations.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import signal
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import trio
+from cgroupspy.nodes import Node
+
+from trio_kubelet.core.pod_cgroups import (
+    KUBEPODS,
+    POD_PREFIX,
+    QOS_CGROUPS,
+    CgroupConfig,
+    cgroup_parent_for,
+    pod_cgroup_name,
+    pod_resource_config,
+    pod_uid_of,
+    qos_reserved_config,
+)
+from trio_kubelet.core.qos import QOSClass
+from trio_kubelet.model.pod import Pod
+
+__all__ = ["CREATED_IN", "REQUIRED", "CgroupError", "QOSCgroups"]
+
+log = logging.getLogger("trio_kubelet.cgroups")
+
+# The v1 hierarchies a cgroup is made in: those runc's fs manager knows, as the Go kubelet's
+# Create does, except devices (it passes SkipDevices; runc makes devices cgroups per container).
+CREATED_IN = (
+    "cpuset", "cpu", "cpuacct", "memory", "pids", "blkio", "hugetlb", "net_cls", "net_prio",
+    "perf_event", "freezer", "rdma", "misc", "systemd",
+)
+# Without these the hierarchy cannot limit anything the pods' specs ask for.
+REQUIRED = ("cpu", "cpuacct", "cpuset", "memory")
+
+_QOS_UPDATE_INTERVAL = 60.0  # Go's periodicQOSCgroupUpdateInterval
+# rmdir answers EBUSY while killed tasks are still exiting; runc's RemovePaths waits likewise.
+_RMDIR_DELAYS = (0.01, 0.02, 0.04, 0.08, 0.16)
+_HUGETLB_LIMIT = re.compile(r"^hugetlb\.(\d+)([KMGTP]B)\.limit_in_bytes$")
+_UNITS = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40, "PB": 1 << 50}
+
+
+class CgroupError(Exception):
+    """A cgroup could not be created, configured or removed; the message names the path."""
+
+
+@contextmanager
+def _acting_on(path: Path, action: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as err:
+        raise CgroupError(f"cannot {action} {path}: {err.strerror or err}") from err
+
+
+class QOSCgroups:
+    """The cgroups a kubelet with cgroupsPerQOS=true manages, under ``root`` (the v1 mounts).
+
+    ``cgroup_root`` is the KubeletConfiguration field: the hierarchy lives in
+    ``<cgroup_root>/kubepods``. ``kubepods`` is the setting for kubepods itself
+    (`core.pod_cgroups.kubepods_config` of the node's capacity, or of its
+    allocatable once allocatable is enforced); None leaves it as it is.
+    """
+
+    def __init__(
+        self,
+        root: Path = Path("/sys/fs/cgroup"),
+        cgroup_root: str = "/",
+        *,
+        kubepods: CgroupConfig | None = None,
+    ) -> None:
+        self._root = root
+        self._cgroup_root = cgroup_root
+        self._root_parts = tuple(p for p in cgroup_root.split("/") if p)
+        self._kubepods = kubepods
+        self._tiers_lock = trio.Lock()
+
+    def cgroup_parent(self, pod: Pod) -> str:
+        """What RunPodSandbox gets as ``cgroup_parent`` for this pod."""
+        return cgroup_parent_for(pod, self._cgroup_root)
+
+    async def start(self, pods: Iterable[Pod] = ()) -> None:
+        """Make kubepods and its Burstable and BestEffort tiers, set for the active ``pods``.
+
+        Raises `CgroupError` when the cgroup root is missing (Go refuses to start
+        then too) or a required controller is not mounted.
+        """
+        tiers = qos_reserved_config(pods)
+        async with self._tiers_lock:
+            await trio.to_thread.run_sync(self._start, tiers)
+
+    async def run(
+        self,
+        active_pods: Callable[[], Iterable[Pod]],
+        *,
+        interval: float = _QOS_UPDATE_INTERVAL,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """`start`, report ready, then re-apply the tiers' settings every ``interval`` seconds.
+
+        The periodic pass repairs drift (a pod that left without an update, a
+        setting changed behind our back), as the Go kubelet's does every minute.
+        """
+        await self.start(active_pods())
+        task_status.started()
+        while True:
+            await trio.sleep(interval)
+            try:
+                await self.update_qos(active_pods())
+            except CgroupError as err:
+                log.warning("Updating the QoS cgroups failed: %s", err)
+
+    async def ensure_pod(self, pod: Pod) -> None:
+        """Create the pod's cgroup with its limits, unless it exists; before RunPodSandbox."""
+        name = pod_cgroup_name(pod)
+        config = pod_resource_config(pod)
+        await trio.to_thread.run_sync(self._ensure_pod, name, config)
+
+    async def update_qos(self, pods: Iterable[Pod]) -> None:
+        """Set the Burstable and BestEffort tiers' cpu shares for the node's active ``pods``.
+
+        Call it before `ensure_pod` of a new pod (as Go's syncPod does) and after a pod leaves.
+        """
+        tiers = qos_reserved_config(pods)
+        async with self._tiers_lock:
+            await trio.to_thread.run_sync(self._apply_tiers, tiers)
+
+    async def remove_pod(self, uid: str) -> None:
+        """Remove the pod's cgroups in every hierarchy, once the runtime has stopped its sandbox.
+
+        As Go's pod container manager does, processes still charged to the pod
+        (a container the runtime lost track of) are killed first, since a cgroup
+        with tasks cannot be removed. A pod without cgroups is not an error.
+        """
+        await trio.to_thread.run_sync(self._remove_pod, uid)
+
+    async def orphans(self, known_uids: Iterable[str]) -> list[str]:
+        """Uids of pod cgroups (in any hierarchy) that none of ``known_uids`` owns, sorted."""
+        found = await trio.to_thread.run_sync(self._pod_uids)
+        return sorted(found - set(known_uids))
+
+    # -- the worker-thread side ------------------------------------------------------------
+
+    def _parts(self, name: Sequence[str]) -> tuple[str, ...]:
+        """A cgroup name (relative to the cgroup root) as a path below a controller's mount."""
+        return (*self._root_parts, *name)
+
+    def _path(self, controller: str, parts: Sequence[str]) -> Path:
+        return self._root.joinpath(controller, *parts)
+
+    def _node(self, controller: str, parts: Sequence[str]) -> Node:
+        """The cgroupspy node of a known cgroup, built along its path, not by walking the tree."""
+        node = Node(os.fsencode(self._root))
+        for part in (controller, *parts):
+            node = Node(part.encode(), parent=node)
+        return node
+
+    def _created_in(self) -> list[str]:
+        return [c for c in CREATED_IN if (self._root / c).is_dir()]
+
+    def _hierarchies(self) -> list[Path]:
+        """Every mounted hierarchy, each once (``cpu`` and ``cpuacct`` are often one mount)."""
+        seen: dict[str, Path] = {}
+        with _acting_on(self._root, "list"):
+            entries = sorted(self._root.iterdir())
+        for entry in entries:
+            if entry.is_dir():
+                seen.setdefault(os.path.realpath(entry), entry)
+        return list(seen.values())
+
+    def _start(self, tiers: dict[QOSClass, CgroupConfig]) -> None:
+        for controller in REQUIRED:
+            if not (self._root / controller).is_dir():
+                raise CgroupError(f"cgroup v1 controller {controller!r} is not mounted at "
+                                  f"{self._root / controller}")
+            if not self._path(controller, self._root_parts).is_dir():
+                raise CgroupError(f"cgroup root {self._cgroup_root!r} does not exist in "
+                                  f"{self._root / controller}")
+        self._create((KUBEPODS,), self._kubepods or CgroupConfig())
+        for qos, config in tiers.items():
+            self._create(QOS_CGROUPS[qos], config)
+
+    def _apply_tiers(self, tiers: dict[QOSClass, CgroupConfig]) -> None:
+        for qos, config in tiers.items():
+            self._apply(QOS_CGROUPS[qos], config)
+
+    def _ensure_pod(self, name: tuple[str, ...], config: CgroupConfig) -> None:
+        if all(self._path(c, self._parts(name)).is_dir() for c in self._created_in()):
+            return  # as Go's EnsureExists: an existing pod cgroup keeps its settings
+        self._create(name, config)
+
+    def _create(self, name: tuple[str, ...], config: CgroupConfig) -> None:
+        parts = self._parts(name)
+        for controller in self._created_in():
+            path = self._path(controller, parts)
+            with _acting_on(path, "create"):
+                path.mkdir(parents=True, exist_ok=True)
+            if controller == "cpuset":
+                self._inherit_cpuset(parts)
+        self._apply(name, config)
+
+    def _inherit_cpuset(self, parts: tuple[str, ...]) -> None:
+        """Give a cpuset cgroup (and any empty ancestor) its parent's cpus and mems, as runc does.
+
+        On v1 a new cpuset is empty, and no task can join an empty cpuset.
+        """
+        if not parts:
+            return
+        cpuset = self._node("cpuset", parts).controller
+        # get_content reads a missing or unreadable file as None: "not set yet".
+        if cpuset.get_content("cpus") and cpuset.get_content("mems"):
+            return
+        self._inherit_cpuset(parts[:-1])
+        parent = self._node("cpuset", parts[:-1]).controller
+        with _acting_on(self._path("cpuset", parts), "set the cpuset of"):
+            cpuset.cpus = parent.cpus
+            cpuset.mems = parent.mems
+
+    def _apply(self, name: tuple[str, ...], config: CgroupConfig) -> None:
+        parts = self._parts(name)
+        cpu = self._node("cpu", parts).controller
+        with _acting_on(self._path("cpu", parts), "set cpu limits of"):
+            if config.cpu_shares is not None:
+                cpu.shares = config.cpu_shares
+            # The period first: the quota is checked against it.
+            if config.cpu_period is not None:
+                cpu.cfs_period_us = config.cpu_period
+            if config.cpu_quota is not None:
+                cpu.cfs_quota_us = config.cpu_quota
+        if config.memory_limit is not None:
+            memory = self._node("memory", parts).controller
+            with _acting_on(self._path("memory", parts), "set the memory limit of"):
+                memory.limit_in_bytes = config.memory_limit
+        if config.hugepage_limits is not None and (self._root / "hugetlb").is_dir():
+            self._apply_hugetlb(self._path("hugetlb", parts), config)
+
+    def _apply_hugetlb(self, path: Path, config: CgroupConfig) -> None:
+        """Every page size the machine has (one limit file each) gets a limit."""
+        limits = config.hugepage_limits or {}
+        with _acting_on(path, "set hugetlb limits of"):
+            for entry in os.listdir(self._root / "hugetlb"):
+                match = _HUGETLB_LIMIT.match(entry)
+                if match is not None:
+                    size = int(match[1]) * _UNITS[match[2]]
+                    value = limits.get(size, config.hugepage_default)
+                    (path / entry).write_text(str(value))
+
+    def _qos_dirs(self, hierarchy: Path) -> Iterator[Path]:
+        for name in QOS_CGROUPS.values():
+            yield hierarchy.joinpath(*self._parts(name))
+
+    def _pod_uids(self) -> set[str]:
+        uids: set[str] = set()
+        for hierarchy in self._hierarchies():
+            for qos_dir in self._qos_dirs(hierarchy):
+                try:
+                    entries = list(os.scandir(qos_dir))
+                except FileNotFoundError:
+                    continue
+                except OSError as err:
+                    raise CgroupError(f"cannot list {qos_dir}: {err.strerror or err}") from err
+                for entry in entries:
+                    uid = pod_uid_of(entry.name)
+                    if uid is not None and entry.is_dir(follow_symlinks=False):
+                        uids.add(uid)
+        return uids
+
+    def _remove_pod(self, uid: str) -> None:
+        pod_dirs = [
+            qos_dir / (POD_PREFIX + uid)
+            for hierarchy in self._hierarchies()
+            for qos_dir in self._qos_dirs(hierarchy)
+            if (qos_dir / (POD_PREFIX + uid)).is_dir()
+        ]
+        _kill_tasks(pod_dirs)
+        for pod_dir in pod_dirs:
+            _remove_tree(pod_dir)
+
+
+def _kill_tasks(cgroups: Iterable[Path]) -> None:
+    """SIGKILL every process charged to these cgroups or their children (Go kills them too)."""
+    pids: set[int] = set()
+    for cgroup in cgroups:
+        for directory, _, _ in os.walk(cgroup):
+            try:
+                text = Path(directory, "cgroup.procs").read_text()
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                raise CgroupError(f"cannot read tasks of {directory}: {err.strerror}") from err
+            pids.update(int(line) for line in text.split())
+    for pid in sorted(pids):
+        log.info("Killing process %d left in a removed pod's cgroup", pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        except OSError as err:
+            raise CgroupError(f"cannot kill process {pid}: {err.strerror}") from err
+
+
+def _remove_tree(cgroup: Path) -> None:
+    """rmdir a cgroup and its children, deepest first (cgroupfs removes the control files)."""
+    for directory, _, _ in os.walk(cgroup, topdown=False):
+        _rmdir(Path(directory))
+
+
+def _rmdir(path: Path) -> None:
+    for delay in (*_RMDIR_DELAYS, None):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as err:
+            if err.errno != errno.EBUSY or delay is None:
+                raise CgroupError(f"cannot remove {path}: {err.strerror}") from err
+            time.sleep(delay)  # a worker thread: the event loop does not wait

@@ -1,0 +1,98 @@
+"""QoS cgroups (cgroupsPerQOS) on containerd: the kubepods hierarchy, pod limits, OOM kills."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import container, running, running_agent
+
+pytestmark = pytest.mark.integration
+
+CGROUPS = Path("/sys/fs/cgroup")
+
+if not (CGROUPS / "cpu").is_dir() or not (CGROUPS / "memory").is_dir():
+    pytest.skip("cgroup v1 cpu and memory hierarchies are needed", allow_module_level=True)
+
+
+def read(controller: str, *parts: str) -> str:
+    return CGROUPS.joinpath(controller, *parts).read_text().strip()
+
+
+async def test_pods_get_cgroups_in_their_qos_tier_and_lose_them_when_gone(containerd, tmp_path):
+    async with running_agent(containerd.endpoint, tmp_path) as agent:
+        agent.write("qos.yaml", """\
+            apiVersion: v1
+            kind: Pod
+            metadata: {name: guaranteed}
+            spec:
+              terminationGracePeriodSeconds: 2
+              containers:
+              - name: app
+                image: busybox:1.36
+                command: ["sleep", "3600"]
+                resources: {limits: {cpu: 500m, memory: 64Mi}}
+            ---
+            apiVersion: v1
+            kind: Pod
+            metadata: {name: burstable}
+            spec:
+              terminationGracePeriodSeconds: 2
+              containers:
+              - name: app
+                image: busybox:1.36
+                command: ["sleep", "3600"]
+                resources: {requests: {cpu: 250m}}
+            ---
+            apiVersion: v1
+            kind: Pod
+            metadata: {name: besteffort}
+            spec:
+              terminationGracePeriodSeconds: 2
+              containers:
+              - {name: app, image: busybox:1.36, command: ["sleep", "3600"]}
+            """)
+        pods = {}
+        for name in ("guaranteed", "burstable", "besteffort"):
+            pods[name] = await agent.wait_for(name, lambda p: running(p, "app"))
+        guaranteed = ("kubepods", f"pod{pods['guaranteed'].metadata.uid}")
+        burstable = ("kubepods", "burstable", f"pod{pods['burstable'].metadata.uid}")
+        besteffort = ("kubepods", "besteffort", f"pod{pods['besteffort'].metadata.uid}")
+        assert read("cpu", *guaranteed, "cpu.shares") == "512"
+        assert read("cpu", *guaranteed, "cpu.cfs_quota_us") == "50000"
+        assert read("memory", *guaranteed, "memory.limit_in_bytes") == str(64 * 2**20)
+        assert read("cpu", *burstable, "cpu.shares") == "256"
+        assert read("cpu", *besteffort, "cpu.shares") == "2"
+        # The tier holds the requests of its pods; the containers live inside their pod.
+        assert int(read("cpu", "kubepods", "burstable", "cpu.shares")) >= 256
+        container_id = container(pods["burstable"], "app").container_id.partition("://")[2]
+        assert CGROUPS.joinpath("memory", *burstable, container_id).is_dir()
+
+        (agent.manifests / "qos.yaml").unlink()
+        for name in ("guaranteed", "burstable", "besteffort"):
+            await agent.wait_gone(name)
+        for parts in (guaranteed, burstable, besteffort):
+            assert not CGROUPS.joinpath("memory", *parts).exists()
+            assert not CGROUPS.joinpath("cpu", *parts).exists()
+
+
+async def test_container_over_its_memory_limit_is_oom_killed(containerd, tmp_path):
+    async with running_agent(containerd.endpoint, tmp_path) as agent:
+        # The shell itself holds 64 MiB in a variable, under a 16 MiB limit.
+        agent.write("hog.yaml", """\
+            apiVersion: v1
+            kind: Pod
+            metadata: {name: hog}
+            spec:
+              restartPolicy: Never
+              containers:
+              - name: app
+                image: busybox:1.36
+                command: ["sh", "-c", "a=$(head -c 67108864 /dev/zero | tr '\\\\0' x); echo $${#a}"]
+                resources: {limits: {memory: 16Mi}}
+            """)
+        pod = await agent.wait_for("hog", lambda p: p.status.phase == "Failed")
+        terminated = container(pod, "app").state.terminated
+        assert terminated is not None
+        assert (terminated.reason, terminated.exit_code) == ("OOMKilled", 137), terminated

@@ -1,0 +1,335 @@
+"""resources.cgroups: the QoS hierarchy on a fake cgroup v1 tree, and once on the real one."""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from trio_kubelet.core.pod_cgroups import kubepods_config
+from trio_kubelet.model.pod import Pod
+from trio_kubelet.resources.cgroups import REQUIRED, CgroupError, QOSCgroups
+
+UID = "6f1e0c2a-7b3d-4e5f-8a9b-0c1d2e3f4a5b"
+Mi = 1 << 20
+CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids", "blkio", "freezer", "devices",
+               "hugetlb", "systemd")
+CREATED = tuple(c for c in CONTROLLERS if c != "devices")
+HUGETLB_FILES = ("hugetlb.2MB.limit_in_bytes", "hugetlb.1GB.limit_in_bytes")
+
+
+def make_pod(limits: dict[str, str] | None = None, requests: dict[str, str] | None = None,
+             uid: str = UID) -> Pod:
+    return Pod.model_validate({
+        "metadata": {"name": "p", "namespace": "default", "uid": uid},
+        "spec": {"containers": [{"name": "a", "image": "busybox", "resources": {
+            "limits": limits or {}, "requests": requests or {}}}]},
+    })
+
+
+GUARANTEED = make_pod({"cpu": "500m", "memory": "128Mi"})
+BURSTABLE = make_pod(requests={"cpu": "250m"})
+BEST_EFFORT = make_pod()
+
+
+class FakeCgroupfs:
+    """Controller directories like /sys/fs/cgroup's, with just the root files the shell reads."""
+
+    def __init__(self, base: Path) -> None:
+        self.root = base
+        for controller in CONTROLLERS:
+            (base / controller).mkdir()
+        (base / "cpuset" / "cpuset.cpus").write_text("0-3\n")
+        (base / "cpuset" / "cpuset.mems").write_text("0\n")
+        for name in HUGETLB_FILES:
+            (base / "hugetlb" / name).write_text("9223372036854771712\n")
+
+    def read(self, controller: str, cgroup: str, file: str) -> str:
+        return (self.root / controller / cgroup.strip("/") / file).read_text().strip()
+
+    def exists(self, controller: str, cgroup: str) -> bool:
+        return (self.root / controller / cgroup.strip("/")).is_dir()
+
+
+@pytest.fixture
+def fs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCgroupfs:
+    real_rmdir = os.rmdir
+
+    def cgroupfs_rmdir(path: Any) -> None:
+        # On cgroupfs rmdir takes the control files with it, and refuses while tasks remain.
+        procs = Path(path, "cgroup.procs")
+        if procs.exists() and procs.read_text().strip():
+            raise OSError(errno.EBUSY, "Device or resource busy", str(path))
+        for entry in os.scandir(path):
+            if entry.is_file():
+                os.unlink(entry.path)
+        real_rmdir(path)
+
+    monkeypatch.setattr(os, "rmdir", cgroupfs_rmdir)
+    return FakeCgroupfs(tmp_path)
+
+
+async def test_start_creates_kubepods_and_tiers_in_every_hierarchy_but_devices(
+    fs: FakeCgroupfs,
+) -> None:
+    await QOSCgroups(fs.root).start()
+    for cgroup in ("kubepods", "kubepods/burstable", "kubepods/besteffort"):
+        assert all(fs.exists(c, cgroup) for c in CREATED)
+        assert not fs.exists("devices", cgroup)
+        assert fs.read("cpuset", cgroup, "cpuset.cpus") == "0-3"
+        assert fs.read("cpuset", cgroup, "cpuset.mems") == "0"
+    for tier in ("kubepods/burstable", "kubepods/besteffort"):
+        assert fs.read("cpu", tier, "cpu.shares") == "2"
+        assert all(fs.read("hugetlb", tier, f) == str(1 << 62) for f in HUGETLB_FILES)
+
+
+async def test_start_sets_burstable_shares_for_the_active_pods(fs: FakeCgroupfs) -> None:
+    await QOSCgroups(fs.root).start([BURSTABLE, GUARANTEED, BEST_EFFORT])
+    assert fs.read("cpu", "kubepods/burstable", "cpu.shares") == "256"
+    assert fs.read("cpu", "kubepods/besteffort", "cpu.shares") == "2"
+
+
+async def test_start_applies_the_kubepods_setting(fs: FakeCgroupfs) -> None:
+    kubepods = kubepods_config({"cpu": "2", "memory": "3Gi", "hugepages-2Mi": "64Mi"})
+    await QOSCgroups(fs.root, kubepods=kubepods).start()
+    assert fs.read("cpu", "kubepods", "cpu.shares") == "2048"
+    assert fs.read("memory", "kubepods", "memory.limit_in_bytes") == str(3 << 30)
+    assert fs.read("hugetlb", "kubepods", "hugetlb.2MB.limit_in_bytes") == str(64 * Mi)
+    assert fs.read("hugetlb", "kubepods", "hugetlb.1GB.limit_in_bytes") == "0"
+
+
+async def test_start_below_a_custom_cgroup_root(fs: FakeCgroupfs) -> None:
+    for controller in REQUIRED:
+        (fs.root / controller / "custom").mkdir()
+    cgroups = QOSCgroups(fs.root, "/custom")
+    await cgroups.start()
+    assert all(fs.exists(c, "custom/kubepods/besteffort") for c in CREATED)
+    # An empty cpuset ancestor is filled in too, or nothing below it could run.
+    assert fs.read("cpuset", "custom", "cpuset.cpus") == "0-3"
+    assert cgroups.cgroup_parent(BURSTABLE) == f"/custom/kubepods/burstable/pod{UID}"
+
+
+async def test_start_refuses_a_missing_cgroup_root(fs: FakeCgroupfs) -> None:
+    with pytest.raises(CgroupError, match="cgroup root '/nowhere' does not exist"):
+        await QOSCgroups(fs.root, "/nowhere").start()
+
+
+async def test_start_refuses_a_missing_required_controller(fs: FakeCgroupfs) -> None:
+    os.rmdir(fs.root / "cpuset")
+    with pytest.raises(CgroupError, match="'cpuset' is not mounted"):
+        await QOSCgroups(fs.root).start()
+
+
+@pytest.mark.parametrize("subject, cgroup", [
+    (GUARANTEED, f"kubepods/pod{UID}"),
+    (BURSTABLE, f"kubepods/burstable/pod{UID}"),
+    (BEST_EFFORT, f"kubepods/besteffort/pod{UID}"),
+])
+async def test_ensure_pod_creates_the_pod_cgroup_under_its_tier(
+    fs: FakeCgroupfs, subject: Pod, cgroup: str
+) -> None:
+    cgroups = QOSCgroups(fs.root)
+    await cgroups.start()
+    await cgroups.ensure_pod(subject)
+    assert all(fs.exists(c, cgroup) for c in CREATED)
+    assert fs.read("cpuset", cgroup, "cpuset.cpus") == "0-3"
+    assert cgroups.cgroup_parent(subject) == "/" + cgroup
+
+
+async def test_a_guaranteed_pod_cgroup_gets_its_limits(fs: FakeCgroupfs) -> None:
+    cgroups = QOSCgroups(fs.root)
+    await cgroups.start()
+    await cgroups.ensure_pod(GUARANTEED)
+    cgroup = f"kubepods/pod{UID}"
+    assert fs.read("cpu", cgroup, "cpu.shares") == "512"
+    assert fs.read("cpu", cgroup, "cpu.cfs_period_us") == "100000"
+    assert fs.read("cpu", cgroup, "cpu.cfs_quota_us") == "50000"
+    assert fs.read("memory", cgroup, "memory.limit_in_bytes") == str(128 * Mi)
+    # Huge pages the pod did not request are forbidden.
+    assert all(fs.read("hugetlb", cgroup, f) == "0" for f in HUGETLB_FILES)
+
+
+async def test_a_burstable_pod_without_limits_gets_shares_only(fs: FakeCgroupfs) -> None:
+    cgroups = QOSCgroups(fs.root)
+    await cgroups.start()
+    await cgroups.ensure_pod(BURSTABLE)
+    cgroup = fs.root / "cpu" / "kubepods" / "burstable" / f"pod{UID}"
+    assert (cgroup / "cpu.shares").read_text() == "256"
+    assert not (cgroup / "cpu.cfs_quota_us").exists()
+    assert not (fs.root / "memory" / "kubepods" / "burstable" / f"pod{UID}" /
+                "memory.limit_in_bytes").exists()
+
+
+async def test_ensure_pod_leaves_an_existing_pod_cgroup_alone(fs: FakeCgroupfs) -> None:
+    cgroups = QOSCgroups(fs.root)
+    await cgroups.start()
+    await cgroups.ensure_pod(GUARANTEED)
+    (fs.root / "cpu" / "kubepods" / f"pod{UID}" / "cpu.shares").write_text("777")
+    await cgroups.ensure_pod(GUARANTEED)
+    assert fs.read("cpu", f"kubepods/pod{UID}", "cpu.shares") == "777"
+
+
+async def test_update_qos_follows_the_burstable_requests(fs: FakeCgroupfs) -> None:
+    cgroups = QOSCgroups(fs.root)
+    await cgroups.start()
+    other = make_pod(requests={"cpu": "1"}, uid="other")
+    await cgroups.update_qos([BURSTABLE, other])
+    assert fs.read("cpu", "kubepods/burstable", "cpu.shares") == "1280"
+    await cgroups.update_qos([GUARANTEED])
+    assert fs.read("cpu", "kubepods/burstable", "cpu.shares") == "2"
+
+
+async def test_update_qos_before_start_fails_with_the_path(fs: FakeCgroupfs) -> None:
+    with pytest.raises(CgroupError, match="kubepods/burstable"):
+        await QOSCgroups(fs.root).update_qos([BURSTABLE])
+
+
+async def test_run_starts_then_keeps_the_tiers_in_step(fs: FakeCgroupfs) -> None:
+    active = [GUARANTEED]
+    cgroups = QOSCgroups(fs.root)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: cgroups.run(
+            lambda: list(active), interval=0.01, task_status=task_status))
+        assert fs.read("cpu", "kubepods/burstable", "cpu.shares") == "2"
+        active.append(BURSTABLE)
+        with trio.fail_after(5):
+            while fs.read("cpu", "kubepods/burstable", "cpu.shares") != "256":
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+
+
+def runc_container_dirs(fs: FakeCgroupfs, pod_cgroup: str, container_id: str) -> None:
+    """What runc leaves below a pod cgroup: a directory per container, devices included."""
+    for controller in CONTROLLERS:
+        (fs.root / controller / pod_cgroup / container_id).mkdir(parents=True)
+        (fs.root / controller / pod_cgroup / container_id / "cgroup.procs").write_text("")
+
+
+async def test_remove_pod_removes_every_hierarchy_and_container_cgroup(fs: FakeCgroupfs) -> None:
+    cgroups = QOSCgroups(fs.root)
+    await cgroups.start()
+    await cgroups.ensure_pod(BURSTABLE)
+    runc_container_dirs(fs, f"kubepods/burstable/pod{UID}", "c0ffee")
+    await cgroups.remove_pod(UID)
+    for controller in CONTROLLERS:
+        assert not fs.exists(controller, f"kubepods/burstable/pod{UID}")
+        assert controller == "devices" or fs.exists(controller, "kubepods/burstable")
+
+
+async def test_remove_pod_without_cgroups_is_quiet(fs: FakeCgroupfs) -> None:
+    cgroups = QOSCgroups(fs.root)
+    await cgroups.start()
+    await cgroups.remove_pod("never-created")
+
+
+async def test_remove_pod_kills_processes_left_in_it(fs: FakeCgroupfs) -> None:
+    cgroups = QOSCgroups(fs.root)
+    await cgroups.start()
+    await cgroups.ensure_pod(BEST_EFFORT)
+    leftover = subprocess.Popen(["sleep", "60"])
+    try:
+        runc_container_dirs(fs, f"kubepods/besteffort/pod{UID}", "c0ffee")
+        procs = fs.root / "memory" / "kubepods" / "besteffort" / f"pod{UID}" / "c0ffee"
+        procs.joinpath("cgroup.procs").write_text(f"{leftover.pid}\n")
+        async with trio.open_nursery() as nursery:
+            # The fake rmdir stays busy until the process has gone, as the kernel's would.
+            nursery.start_soon(_empty_procs_when_dead, leftover, procs / "cgroup.procs")
+            await cgroups.remove_pod(UID)
+        assert leftover.returncode == -9
+        assert not fs.exists("memory", f"kubepods/besteffort/pod{UID}")
+    finally:
+        leftover.kill()
+        leftover.wait()
+
+
+async def _empty_procs_when_dead(process: subprocess.Popen[bytes], procs: Path) -> None:
+    while process.poll() is None:
+        await trio.sleep(0.001)
+    procs.write_text("")
+
+
+async def test_remove_pod_gives_up_on_a_cgroup_that_stays_busy(
+    fs: FakeCgroupfs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cgroups = QOSCgroups(fs.root)
+    await cgroups.start()
+    await cgroups.ensure_pod(GUARANTEED)
+    killed: list[int] = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: killed.append(pid))
+    (fs.root / "cpu" / "kubepods" / f"pod{UID}" / "cgroup.procs").write_text("4242\n")
+    with pytest.raises(CgroupError, match=f"cannot remove .*pod{UID}: Device or resource busy"):
+        await cgroups.remove_pod(UID)
+    assert killed == [4242]
+
+
+async def test_orphans_are_pod_cgroups_no_known_pod_owns(fs: FakeCgroupfs) -> None:
+    cgroups = QOSCgroups(fs.root)
+    await cgroups.start()
+    await cgroups.ensure_pod(GUARANTEED)
+    await cgroups.ensure_pod(make_pod(requests={"cpu": "1"}, uid="burst"))
+    # Left only in one hierarchy (runc's devices cgroup after a crash) still counts.
+    (fs.root / "devices" / "kubepods" / "besteffort" / "podstray").mkdir(parents=True)
+    (fs.root / "cpu" / "kubepods" / "not-a-pod").mkdir()
+    assert await cgroups.orphans([UID]) == ["burst", "stray"]
+    assert await cgroups.orphans([UID, "burst", "stray"]) == []
+
+
+# -- the real hierarchy ----------------------------------------------------------------------
+
+REAL_ROOT = Path("/sys/fs/cgroup")
+
+
+def _cgroup_v1_as_root() -> bool:
+    return os.geteuid() == 0 and all((REAL_ROOT / c / "cgroup.procs").exists() for c in REQUIRED)
+
+
+def _remove_real(parent: str) -> None:
+    for hierarchy in REAL_ROOT.iterdir():
+        top = hierarchy / parent
+        if top.is_dir():
+            for directory, _, _ in os.walk(top, topdown=False):
+                os.rmdir(directory)
+
+
+@pytest.fixture
+def real_parent() -> Iterator[str]:
+    parent = f"trio-kubelet-test-{secrets.token_hex(4)}"
+    try:
+        for controller in REQUIRED:
+            (REAL_ROOT / controller / parent).mkdir()
+        yield parent
+    finally:
+        _remove_real(parent)
+
+
+@pytest.mark.skipif(not _cgroup_v1_as_root(), reason="needs root on a cgroup v1 hierarchy")
+async def test_a_real_pod_cgroup_is_created_joined_and_removed(real_parent: str) -> None:
+    cgroups = QOSCgroups(REAL_ROOT, f"/{real_parent}")
+    await cgroups.start([BURSTABLE])
+    await cgroups.ensure_pod(GUARANTEED)
+    pod_cgroup = f"{real_parent}/kubepods/pod{UID}"
+    assert (REAL_ROOT / "cpu" / pod_cgroup / "cpu.cfs_quota_us").read_text().strip() == "50000"
+    assert (REAL_ROOT / "memory" / pod_cgroup / "memory.limit_in_bytes").read_text().strip() == (
+        str(128 * Mi))
+    assert (REAL_ROOT / "cpu" / real_parent / "kubepods" / "burstable" / "cpu.shares"
+            ).read_text().strip() == "256"
+    leftover = subprocess.Popen(["sleep", "60"])
+    try:
+        # Joining the cpuset proves it was given cpus and mems (an empty one refuses tasks).
+        for controller in ("cpu", "cpuset", "memory"):
+            (REAL_ROOT / controller / pod_cgroup / "cgroup.procs").write_text(str(leftover.pid))
+        assert await cgroups.orphans([]) == [UID]
+        await cgroups.remove_pod(UID)
+        assert leftover.wait(timeout=5) == -9
+    finally:
+        leftover.kill()
+        leftover.wait()
+    assert not any((h / pod_cgroup).exists() for h in REAL_ROOT.iterdir())
+    assert await cgroups.orphans([]) == []
