@@ -16,6 +16,7 @@ from trio_kubelet import __version__
 from trio_kubelet.apiserver.client import APIClient
 from trio_kubelet.apiserver.kubeconfig import load_kubeconfig
 from trio_kubelet.apiserver.object_cache import ObjectCache, PodObjects
+from trio_kubelet.apiserver.tokens import TokenSource
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.config import AgentOptions
 from trio_kubelet.core.phase import rfc3339
@@ -54,6 +55,7 @@ from trio_kubelet.sources.static_files import run_static_files
 from trio_kubelet.status.manager import StatusManager
 from trio_kubelet.status.mirror import MirrorPods
 from trio_kubelet.status.store import PodStatusStore
+from trio_kubelet.volumes import VolumeManager
 from trio_kubelet.watch import print_pod_changes
 
 log = logging.getLogger("trio_kubelet.agent")
@@ -198,6 +200,7 @@ async def _run_cluster_tasks(
     await nursery.start(secrets.run)
     pods = APIPods(caches=(config_maps, secrets))
     ctx.objects = PodObjects(config_maps, secrets)
+    ctx.tokens = TokenSource(api, clock.now)
     nursery.start_soon(run_api_source, send.clone(), api, options.node_name, pods)
 
     def static_pods() -> dict[str, Pod] | None:
@@ -320,6 +323,7 @@ async def run_agent(
                 runtime_name=runtime.split()[0],
                 recorder=recorder,
                 node=await _node_facts(options),
+                volumes=VolumeManager(options.root_dir / "pods", events=events),
             )
             send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
             probes = ProbeManager(

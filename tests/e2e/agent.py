@@ -112,9 +112,15 @@ class Api:
     def __init__(self, client: httpx.Client) -> None:
         self.client = client
 
-    def ensure_default_service_account(self) -> None:
-        """No controller-manager runs: the namespace's default ServiceAccount is made here."""
+    def ensure_namespace_defaults(self, ca: Path) -> None:
+        """What controller-manager would publish in ``default`` (none runs here): the default
+        ServiceAccount, and the kube-root-ca.crt ConfigMap that every pod's service-account
+        volume projects."""
         self.create("/api/v1/namespaces/default/serviceaccounts", {"metadata": {"name": "default"}})
+        self.create(
+            "/api/v1/namespaces/default/configmaps",
+            {"metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": ca.read_text()}},
+        )
 
     def get(self, path: str) -> JSON | None:
         answer = self.client.get(path)
@@ -158,10 +164,10 @@ class Api:
 
 
 @contextmanager
-def node_admin(client: httpx.Client, node: str) -> Iterator[Api]:
+def node_admin(client: httpx.Client, node: str, ca: Path) -> Iterator[Api]:
     """The admin's Api for tests of ``node``'s pods; those pods are deleted (grace 0) after."""
     admin = Api(client)
-    admin.ensure_default_service_account()
+    admin.ensure_namespace_defaults(ca)
     yield admin
     for pod in (admin.get(f"{PODS}?fieldSelector=spec.nodeName={node}") or {})["items"]:
         admin.delete(f"{PODS}/{pod['metadata']['name']}", grace=0)

@@ -42,7 +42,7 @@ PORT = 8080
 
 @pytest.fixture
 def api(control_plane: ControlPlane) -> Iterator[Api]:
-    with control_plane.admin() as client, node_admin(client, NODE) as admin:
+    with control_plane.admin() as client, node_admin(client, NODE, control_plane.ca) as admin:
         yield admin
 
 

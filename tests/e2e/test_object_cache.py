@@ -58,7 +58,7 @@ def bound_pod(control_plane: ControlPlane) -> Iterator[tuple[Api, Pod]]:
     """The objects and a pod bound to NODE referencing them, created as admin; deleted after."""
     with control_plane.admin() as client:
         admin = Api(client)
-        admin.ensure_default_service_account()
+        admin.ensure_namespace_defaults(control_plane.ca)
         admin.create(f"{NS}/configmaps", {"metadata": {"name": CONFIG}, "data": {"mode": "one"}})
         admin.create(f"{NS}/configmaps", {"metadata": {"name": UNREFERENCED}, "data": {}})
         admin.create(f"{NS}/secrets", {"metadata": {"name": SECRET}, "stringData": {"pw": "x"}})

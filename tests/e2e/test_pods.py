@@ -33,7 +33,7 @@ NODE = "pods-node"
 
 @pytest.fixture
 def api(control_plane: ControlPlane) -> Iterator[Api]:
-    with control_plane.admin() as client, node_admin(client, NODE) as admin:
+    with control_plane.admin() as client, node_admin(client, NODE, control_plane.ca) as admin:
         yield admin
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
 
 from trio_kubelet.core.env import (
     CREATE_CONTAINER_CONFIG_ERROR,
@@ -30,6 +31,7 @@ from trio_kubelet.runtime.security import (
     effective_security_context,
     verify_run_as_non_root,
 )
+from trio_kubelet.volumes import VolumeError, container_mounts, termination_log_mount
 
 
 class ContainerConfigError(Exception):
@@ -62,7 +64,8 @@ async def prepare_container(
     kind: str,
     image_ref: str,
     restart_count: int,
-    mounts: Sequence[cri.Mount] = (),
+    volume_paths: Mapping[str, Path] | None = None,
+    pod_dir: Path | None = None,
 ) -> cri.ContainerConfig:
     """The container's CRI config, env and command resolved; raises ContainerConfigError."""
     try:
@@ -78,6 +81,13 @@ async def prepare_container(
             node_allocatable=node.allocatable or {},
         )
         command, args = expand_command(container, envs)
+        mounts: list[cri.Mount] = []
+        if pod_dir is not None:
+            mounts = container_mounts(pod, container, volume_paths or {}, dict(envs),
+                                      pod_dir=pod_dir)
+            termination_log = termination_log_mount(pod_dir, container)
+            if termination_log is not None:
+                mounts.append(termination_log)
         config = configs.container_config(
             pod,
             container,
@@ -89,6 +99,8 @@ async def prepare_container(
             args=args,
             mounts=mounts,
         )
+    except VolumeError as err:
+        raise ContainerConfigError(err.message) from None
     except (EnvError, SecurityContextError) as err:
         raise ContainerConfigError(str(err)) from None
     for invalid in invalid_env_from_names(pod, container, lookup=lookup):

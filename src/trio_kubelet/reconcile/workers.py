@@ -19,6 +19,7 @@ from pathlib import Path
 import trio
 
 from trio_kubelet.apiserver.object_cache import PodObjects
+from trio_kubelet.apiserver.tokens import TokenSource
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.core.actions import PodActions, compute_pod_actions
 from trio_kubelet.core.backoff import (
@@ -56,6 +57,7 @@ from trio_kubelet.runtime.cri.runtime import v1 as cri
 from trio_kubelet.runtime.errors import CRIError
 from trio_kubelet.runtime.inspect import detailed_sandbox, inspect_pod
 from trio_kubelet.status.store import PodStatusStore
+from trio_kubelet.volumes import VolumeError, VolumeManager
 
 log = logging.getLogger("trio_kubelet.workers")
 
@@ -81,6 +83,8 @@ class WorkerContext:
     probe_results: ProbeResults = field(default_factory=ProbeResults)
     objects: PodObjects | None = None  # the ConfigMaps and Secrets pods refer to (API only)
     qos: QOSCgroups | None = None  # the kubepods hierarchy, with cgroupsPerQOS
+    volumes: VolumeManager | None = None
+    tokens: TokenSource | None = None  # service-account tokens (API only)
     node: NodeFacts = field(default_factory=NodeFacts)
     # Told after each status change of a pod (the probe manager's early first probe).
     on_status: Callable[[str], None] = lambda uid: None
@@ -252,6 +256,9 @@ class PodWorker:
             await self._kill_containers(pod, runtime, actions)
             await self._remove_init_containers(pod, runtime, keep_newest=True)
         changed = actions.kill_pod or bool(actions.containers_to_kill)
+        volume_paths = await self._set_up_volumes(pod, result)
+        if volume_paths is None:
+            return changed
         sandbox_id = actions.sandbox_id
         pod_ips = [runtime.ip, *runtime.sandboxes[0].additional_ips] if runtime.ip else []
         if actions.create_sandbox:
@@ -273,7 +280,7 @@ class PodWorker:
         ):
             await objects.wait_for(pod)
         start = partial(self._start, pod, runtime, sandbox_id=sandbox_id, sandbox=sandbox,
-                        pod_ips=pod_ips, result=result)
+                        pod_ips=pod_ips, volume_paths=volume_paths, result=result)
         spec = pod.spec
         for index in actions.ephemeral_containers_to_start:
             changed |= await start(spec.ephemeral_containers[index], "ephemeral")
@@ -287,6 +294,27 @@ class PodWorker:
         for index in actions.containers_to_start:
             changed |= await start(spec.containers[index], "regular")
         return changed
+
+    async def _set_up_volumes(self, pod: Pod, result: _SyncResult) -> dict[str, Path] | None:
+        """Set up (or refresh) the pod's volumes; None while one cannot be (the pod waits).
+
+        Every sync refreshes ConfigMap, Secret, downward API and token contents, so
+        updates reach running containers within the sync period.
+        """
+        ctx = self._ctx
+        if ctx.volumes is None or not pod.spec.volumes:
+            return {}
+        try:
+            return await ctx.volumes.set_up(
+                pod,
+                ctx.objects.lookup if ctx.objects is not None else no_objects,
+                node_allocatable=ctx.node.allocatable or {},
+                token_for=ctx.tokens,
+            )
+        except VolumeError as err:  # already a FailedMount event
+            log.warning("Volumes of pod %s (%s) not ready: %s", pod.full_name, self.uid, err)
+            result.retry_in(SYNC_ERROR_RETRY)
+            return None
 
     async def _sandbox_ips(self, sandbox_id: str) -> list[str]:
         """The new sandbox's IPs, for the environment (status.podIP(s))."""
@@ -348,6 +376,7 @@ class PodWorker:
         sandbox_id: str,
         sandbox: cri.PodSandboxConfig,
         pod_ips: list[str],
+        volume_paths: dict[str, Path],
         result: _SyncResult,
     ) -> bool:
         """Start one container unless it is in crash-loop backoff; record why it did not start."""
@@ -405,7 +434,11 @@ class PodWorker:
                 pod,
                 container,
                 pod_ips,
-                kind=kind, image_ref=image_ref, restart_count=restart_count,
+                kind=kind,
+                image_ref=image_ref,
+                restart_count=restart_count,
+                volume_paths=volume_paths,
+                pod_dir=ctx.volumes.pod_dir(self.uid) if ctx.volumes is not None else None,
             )
         except ContainerConfigError as err:
             ctx.events.pod_event(pod, "Warning", "Failed", f"Error: {err.message}", container.name)
@@ -528,6 +561,10 @@ class PodWorker:
         # By UID alone: the directory may exist without any sandbox to name the pod.
         for log_dir in ctx.pod_logs_dir.glob(f"*_{self.uid}"):
             shutil.rmtree(log_dir, ignore_errors=True)
+        if ctx.volumes is not None:
+            await ctx.volumes.tear_down(self.uid)
+        if ctx.tokens is not None:
+            ctx.tokens.forget_pod(self.uid)
         if ctx.qos is not None:
             try:
                 await ctx.qos.remove_pod(self.uid)

@@ -1,0 +1,97 @@
+"""What pods read from the cluster, end to end: ConfigMap and Secret env vars and volumes (updated
+in place, atomically), and the service-account token volume the API server injects."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.containerd_fixture import Containerd
+from tests.e2e.agent import PODS, AgentProcess, Api, node_admin, pod_manifest, running_agent
+from tests.e2e.conftest import ControlPlane
+
+NODE = "config-node"
+NS = "/api/v1/namespaces/default"
+# Prints the env, the secret, whether a token is mounted, then the ConfigMap file every 0.5 s.
+SCRIPT = (
+    'echo "env=$MODE/$PASSWORD"; cat /creds/pw; echo; '
+    "test -s /var/run/secrets/kubernetes.io/serviceaccount/token && echo token; "
+    "while true; do echo \"file=$(cat /cfg/mode)\"; sleep 0.5; done"
+)
+
+
+@pytest.fixture
+def api(control_plane: ControlPlane) -> Iterator[Api]:
+    with control_plane.admin() as client, node_admin(client, NODE, control_plane.ca) as admin:
+        admin.create(f"{NS}/configmaps", {"metadata": {"name": "app-config"},
+                                          "data": {"mode": "one"}})
+        admin.create(f"{NS}/secrets", {"metadata": {"name": "app-secret"},
+                                       "stringData": {"pw": "hunter2"}})
+        try:
+            yield admin
+        finally:
+            admin.delete(f"{NS}/configmaps/app-config")
+            admin.delete(f"{NS}/secrets/app-secret")
+
+
+@pytest.fixture
+def agent(
+    control_plane: ControlPlane, containerd: Containerd, tmp_path: Path, api: Api
+) -> Iterator[AgentProcess]:
+    kubeconfig = control_plane.node_kubeconfig(NODE)
+    with running_agent(tmp_path, NODE, kubeconfig, containerd.endpoint, control_plane.ca) as run:
+        try:
+            yield run
+        finally:
+            print(run.text()[-6000:])
+
+
+def log_lines(api: Api, name: str) -> list[str]:
+    answer = api.client.get(f"{PODS}/{name}/log")
+    return answer.text.splitlines() if answer.status_code == 200 else []
+
+
+def wait_for_line(api: Api, name: str, line: str, timeout: float = 60.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    lines: list[str] = []
+    while time.monotonic() < deadline:
+        lines = log_lines(api, name)
+        if line in lines:
+            return lines
+        time.sleep(0.5)
+    raise AssertionError(f"{line!r} not in the log of {name}: {lines[-20:]}")
+
+
+def test_config_maps_secrets_and_tokens_reach_the_pod(
+    agent: AgentProcess, api: Api, containerd: Containerd
+) -> None:
+    manifest = pod_manifest("configured", NODE, containerd.BUSYBOX_TAGGED, ["sh", "-c", SCRIPT])
+    main = manifest["spec"]["containers"][0]
+    main["env"] = [
+        {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "app-config", "key": "mode"}}},
+        {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "app-secret", "key": "pw"}}},
+    ]
+    main["volumeMounts"] = [
+        {"name": "cfg", "mountPath": "/cfg"},
+        {"name": "creds", "mountPath": "/creds"},
+    ]
+    manifest["spec"]["volumes"] = [
+        {"name": "cfg", "configMap": {"name": "app-config"}},
+        {"name": "creds", "secret": {"secretName": "app-secret", "defaultMode": 0o400}},
+    ]
+    api.create(PODS, manifest)
+    lines = wait_for_line(api, "configured", "file=one")
+    assert lines[:3] == ["env=one/hunter2", "hunter2", "token"], lines[:5]
+
+    api.client.patch(
+        f"{NS}/configmaps/app-config", json={"data": {"mode": "two"}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    ).raise_for_status()
+    # The agent's resync (--sync-frequency 10s here, 1m by default) rewrites the volume.
+    lines = wait_for_line(api, "configured", "file=two", timeout=90)
+    seen = [line for line in lines if line.startswith("file=")]
+    # Atomic: every read saw one whole version, never an empty or partial file.
+    assert set(seen) <= {"file=one", "file=two"}, set(seen)
