@@ -25,7 +25,7 @@ from trio_kubelet.images.manager import ImageManager
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.pod import Pod
-from trio_kubelet.node.machine import internal_ips, read_machine_facts
+from trio_kubelet.node.machine import read_machine_facts
 from trio_kubelet.node.manager import NodeManager, RuntimeProbe
 from trio_kubelet.node.registration import configured_allocatable, machine_capacity
 from trio_kubelet.probes.manager import ProbeManager
@@ -69,16 +69,19 @@ RUNTIME_RETRY_MAX = 30.0
 HOUSEKEEPING_INTERVAL = 10.0
 
 
-async def _node_facts(options: AgentOptions) -> NodeFacts:
-    """The node's IPs and allocatable resources, as containers' environments read them."""
-    machine = await trio.to_thread.run_sync(read_machine_facts, options.root_dir)
+def _node_facts(options: AgentOptions) -> NodeFacts:
+    """The node's allocatable resources and --node-ip, as containers' environments read them.
+
+    Read once at start-up, on the event loop: a few small files. The host IPs are the
+    ones pod statuses report as hostIP(s), so env and status agree.
+    """
+    machine = read_machine_facts(options.root_dir)
     config = options.config
     capacity = machine_capacity(machine, config.max_pods)
     allocatable = configured_allocatable(capacity, config)
-    # It may resolve the node name: not on the event loop.
-    host_ips = await trio.to_thread.run_sync(internal_ips, options.node_ip, options.node_name)
     return NodeFacts(
-        host_ips=host_ips, allocatable={name: a.value for name, a in allocatable.items()}
+        host_ips=[ip for ip in (options.node_ip or "").split(",") if ip],
+        allocatable={name: a.value for name, a in allocatable.items()},
     )
 
 
@@ -322,7 +325,7 @@ async def run_agent(
                 node_ip=(options.node_ip or "").split(",")[0],
                 runtime_name=runtime.split()[0],
                 recorder=recorder,
-                node=await _node_facts(options),
+                node=_node_facts(options),
                 volumes=VolumeManager(options.root_dir / "pods", events=events),
             )
             send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)

@@ -115,7 +115,10 @@ async def test_cpu_and_memory_figures_move_with_the_containers(
 
         first = await stats.sample_where(lambda s: find(s, "busy", "burn") is not None)
         burn = find(first, "busy", "burn")
-        assert burn is not None and burn.ref.cgroup == f"/k8s.io/{burn.ref.id}"
+        # cgroupsPerQOS (the default): the container sits in its pod's cgroup, in its QoS tier.
+        pod_uid = burn.ref.pod_uid if burn is not None else ""
+        assert burn is not None
+        assert burn.ref.cgroup == f"/kubepods/burstable/pod{pod_uid}/{burn.ref.id}"
         assert burn.ref.pod_namespace == "default"
         assert "busybox" in burn.ref.image, "the image's name, not its id"
         later = await stats.sample_where(

@@ -105,6 +105,7 @@ async def _record(workdir: Path, flags: Sequence[str]) -> None:
             str(free_port()),
             "--healthz-port",
             "0",
+            "--cgroups-per-qos=false",  # fake pods need no cgroups on the host
             *flags,
         ]
     )

@@ -12,6 +12,7 @@ reconciler as a `NodeStatsSampled` event.
 
 from __future__ import annotations
 
+import glob
 import logging
 import math
 import os
@@ -372,12 +373,22 @@ class CgroupLocator:
             default = f"{self._parent}/{id}"
             if os.path.isdir(self._memory + os.fsencode(default)):
                 self._known[id] = default
+            elif found := self._in_pod_cgroup(id):
+                self._known[id] = found
             elif now - self._searched.get(id, -math.inf) >= self._rediscover_after:
                 due.add(id)
         if due:
             self._known.update(self._discover(due))
             self._searched.update(dict.fromkeys(due - self._known.keys(), now))
         return dict(self._known)
+
+    def _in_pod_cgroup(self, id: str) -> str:
+        """``/kubepods[/<tier>]/pod<uid>/<id>`` (cgroupsPerQOS, cgroupfs driver), or ""."""
+        memory = os.fsdecode(self._memory)
+        for pattern in (f"kubepods/pod*/{id}", f"kubepods/*/pod*/{id}"):
+            for match in glob.glob(os.path.join(memory, pattern)):
+                return "/" + os.path.relpath(match, memory)
+        return ""
 
     def _discover(self, ids: set[str]) -> dict[str, str]:
         found: dict[str, str] = {}
