@@ -12,11 +12,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from tests.net import free_port
+
+if TYPE_CHECKING:
+    from tests.e2e.conftest import ControlPlane
 
 JSON = dict[str, Any]
 POLL = 0.2
@@ -161,6 +164,20 @@ class Api:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{what or path}: not reached in {timeout:g}s; last: {obj}")
             time.sleep(POLL)
+
+
+@contextmanager
+def node_agent(
+    control_plane: ControlPlane, endpoint: str, tmp: Path, node: str
+) -> Iterator[AgentProcess]:
+    """The agent of ``node`` on the runtime at ``endpoint``; the tail of its log is printed
+    after (pytest shows it when the test failed)."""
+    kubeconfig = control_plane.node_kubeconfig(node)
+    with running_agent(tmp, node, kubeconfig, endpoint, control_plane.ca) as run:
+        try:
+            yield run
+        finally:
+            print(run.text()[-6000:])
 
 
 @contextmanager

@@ -26,8 +26,8 @@ from tests.e2e.agent import (
     Api,
     condition,
     node_admin,
+    node_agent,
     pod_manifest,
-    running_agent,
 )
 from tests.e2e.conftest import ControlPlane
 
@@ -55,20 +55,16 @@ def talk(
     control_plane: ControlPlane, containerd: Containerd, tmp_path: Path, api: Api
 ) -> Iterator[AgentProcess]:
     """The agent, running a pod that sleeps in `main` and answers "hi" on port 8080."""
-    kubeconfig = control_plane.node_kubeconfig(NODE)
-    with running_agent(tmp_path, NODE, kubeconfig, containerd.endpoint, control_plane.ca) as run:
-        try:
-            manifest = pod_manifest(POD, NODE, containerd.BUSYBOX_TAGGED, ["sleep", "3600"])
-            manifest["spec"]["containers"].append({
-                "name": "server", "image": containerd.BUSYBOX_TAGGED,
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["nc", "-ll", "-p", str(PORT), "-e", "echo", "hi"],
-            })
-            api.create(PODS, manifest)
-            api.wait(f"{PODS}/{POD}", running, what=f"{POD} Running and Ready")
-            yield run
-        finally:
-            print(run.text()[-6000:])  # shown by pytest when the test fails
+    with node_agent(control_plane, containerd.endpoint, tmp_path, NODE) as run:
+        manifest = pod_manifest(POD, NODE, containerd.BUSYBOX_TAGGED, ["sleep", "3600"])
+        manifest["spec"]["containers"].append({
+            "name": "server", "image": containerd.BUSYBOX_TAGGED,
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["nc", "-ll", "-p", str(PORT), "-e", "echo", "hi"],
+        })
+        api.create(PODS, manifest)
+        api.wait(f"{PODS}/{POD}", running, what=f"{POD} Running and Ready")
+        yield run
 
 
 def kubectl(control_plane: ControlPlane, *args: str, stdin: bytes = b""

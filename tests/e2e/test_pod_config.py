@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.containerd_fixture import Containerd
-from tests.e2e.agent import PODS, AgentProcess, Api, node_admin, pod_manifest, running_agent
+from tests.e2e.agent import PODS, AgentProcess, Api, node_admin, node_agent, pod_manifest
 from tests.e2e.conftest import ControlPlane
 
 NODE = "config-node"
@@ -41,12 +41,8 @@ def api(control_plane: ControlPlane) -> Iterator[Api]:
 def agent(
     control_plane: ControlPlane, containerd: Containerd, tmp_path: Path, api: Api
 ) -> Iterator[AgentProcess]:
-    kubeconfig = control_plane.node_kubeconfig(NODE)
-    with running_agent(tmp_path, NODE, kubeconfig, containerd.endpoint, control_plane.ca) as run:
-        try:
-            yield run
-        finally:
-            print(run.text()[-6000:])
+    with node_agent(control_plane, containerd.endpoint, tmp_path, NODE) as run:
+        yield run
 
 
 def log_lines(api: Api, name: str) -> list[str]:

@@ -23,8 +23,8 @@ from tests.e2e.agent import (
     condition,
     container_status,
     node_admin,
+    node_agent,
     pod_manifest,
-    running_agent,
 )
 from tests.e2e.conftest import ControlPlane
 
@@ -41,12 +41,8 @@ def api(control_plane: ControlPlane) -> Iterator[Api]:
 def agent(
     control_plane: ControlPlane, containerd: Containerd, tmp_path: Path, api: Api
 ) -> Iterator[AgentProcess]:
-    kubeconfig = control_plane.node_kubeconfig(NODE)
-    with running_agent(tmp_path, NODE, kubeconfig, containerd.endpoint, control_plane.ca) as run:
-        try:
-            yield run
-        finally:
-            print(run.text()[-6000:])  # shown by pytest when the test fails
+    with node_agent(control_plane, containerd.endpoint, tmp_path, NODE) as run:
+        yield run
 
 
 def running(pod: JSON | None) -> bool:
