@@ -56,6 +56,11 @@ class RuntimeSandbox:
     ip: str = ""
     additional_ips: tuple[str, ...] = ()
 
+    @property
+    def ips(self) -> list[str]:
+        """Every IP of the sandbox, primary first (none with host network)."""
+        return [self.ip, *self.additional_ips] if self.ip else []
+
 
 @dataclass(frozen=True, slots=True)
 class RuntimePodStatus:

@@ -477,7 +477,7 @@ def _pod_ips(pod: Pod, runtime: RuntimePodStatus, old: PodStatus, host_ip: str) 
         return [host_ip]
     sandboxes = runtime.sandboxes
     if sandboxes and sandboxes[0].state is SandboxState.READY and sandboxes[0].ip:
-        return [sandboxes[0].ip, *sandboxes[0].additional_ips]
+        return sandboxes[0].ips
     # No live sandbox reports an address (it died or the pod finished): keep showing
     # the last one rather than blanking it.
     return [ip.ip for ip in old.pod_ips] or ([old.pod_ip] if old.pod_ip else [])

@@ -260,7 +260,7 @@ class PodWorker:
         if volume_paths is None:
             return changed
         sandbox_id = actions.sandbox_id
-        pod_ips = [runtime.ip, *runtime.sandboxes[0].additional_ips] if runtime.ip else []
+        pod_ips = runtime.sandboxes[0].ips if runtime.sandboxes else []
         if actions.create_sandbox:
             sandbox_id = await self._create_sandbox(pod, actions.attempt, result)
             if not sandbox_id:
@@ -321,8 +321,7 @@ class PodWorker:
         response = await self._ctx.client.pod_sandbox_status(sandbox_id)
         if response.status is None:
             return []
-        sandbox = detailed_sandbox(response.status)
-        return [sandbox.ip, *sandbox.additional_ips] if sandbox.ip else []
+        return detailed_sandbox(response.status).ips
 
     def _sandbox_config(self, pod: Pod, attempt: int) -> cri.PodSandboxConfig:
         qos = self._ctx.qos
