@@ -335,7 +335,11 @@ async def run_agent(
             )
             ctx.on_status = probes.status_changed
             loop = SyncLoop(
-                ctx, pod_sources(options), sync_frequency=config.sync_frequency, probes=probes
+                ctx,
+                pod_sources(options),
+                sync_frequency=config.sync_frequency,
+                probes=probes,
+                allowed_unsafe_sysctls=config.allowed_unsafe_sysctls,
             )
             loops.append(loop)
             sampler = Sampler(

@@ -214,6 +214,13 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
         "DURATION",
     ),
     ConfigFlag("--max-pods", "maxPods", _int, "most pods this node runs", "N"),
+    ConfigFlag(
+        "--allowed-unsafe-sysctls",
+        "allowedUnsafeSysctls",
+        _list,
+        "unsafe sysctls (or prefixes ending in *) pods may set, comma-separated",
+        "NAMES",
+    ),
     ConfigFlag("--address", "address", str, "IP address the kubelet API listens on", "IP"),
     ConfigFlag("--port", "port", _int, "port of the kubelet API (HTTPS)", "PORT"),
     ConfigFlag(

@@ -94,7 +94,7 @@ GO_ONLY_FIELDS = _words(
     podsPerCore enableControllerAttachDetach protectKernelDefaults makeIPTablesUtilChains
     iptablesMasqueradeBit iptablesDropBit failSwapOn memorySwap containerLogMaxWorkers
     containerLogMonitorInterval configMapAndSecretChangeDetectionStrategy reservedSystemCPUs
-    showHiddenMetricsForVersion systemReservedCgroup kubeReservedCgroup allowedUnsafeSysctls
+    showHiddenMetricsForVersion systemReservedCgroup kubeReservedCgroup
     kernelMemcgNotification logging enableSystemLogHandler enableSystemLogQuery
     shutdownGracePeriod shutdownGracePeriodCriticalPods shutdownGracePeriodByPodPriority
     reservedMemory enableProfilingHandler enableDebugFlagsHandler seccompDefault
@@ -375,6 +375,8 @@ class KubeletConfiguration(_ConfigModel):
     runtime_request_timeout: Duration = 120.0
     pod_logs_dir: str = "/var/log/pods"
     max_pods: NonNegative = 110
+    # Sysctl names (or prefixes ending in *) pods may set beyond the safe set.
+    allowed_unsafe_sysctls: list[str] = Field(default_factory=list)
 
     # Servers.
     address: IPAddress = "0.0.0.0"

@@ -6,6 +6,8 @@ import pytest
 import trio
 
 from tests.integration.harness import container, running, running_agent
+from trio_kubelet.runtime import labels
+from trio_kubelet.runtime.client import open_cri_client
 
 pytestmark = pytest.mark.integration
 
@@ -127,3 +129,56 @@ async def test_memory_limit_exceeded_is_oom_killed(containerd, tmp_path):
         terminated = container(pod, "hog").state.terminated
         assert terminated is not None
         assert (terminated.reason, terminated.exit_code) == ("OOMKilled", 137)
+
+
+async def test_pods_the_node_cannot_take_are_rejected_and_the_others_run(containerd, tmp_path):
+    async with running_agent(
+        containerd.endpoint, tmp_path, "--allowed-unsafe-sysctls", "kernel.msg*"
+    ) as agent:
+        agent.write("ok.yaml", """\
+            apiVersion: v1
+            kind: Pod
+            metadata: {name: ok}
+            spec:
+              securityContext:
+                sysctls: [{name: kernel.msgmax, value: "65536"}]
+              containers:
+              - {name: app, image: "busybox:1.36", command: ["sleep", "3600"]}
+            """)
+        agent.write("sysctl.yaml", """\
+            apiVersion: v1
+            kind: Pod
+            metadata: {name: sysctl}
+            spec:
+              securityContext:
+                sysctls: [{name: kernel.sem, value: "250 32000 100 128"}]
+              containers:
+              - {name: app, image: "busybox:1.36", command: ["sleep", "3600"]}
+            """)
+        agent.write("greedy.yaml", """\
+            apiVersion: v1
+            kind: Pod
+            metadata: {name: greedy}
+            spec:
+              containers:
+              - name: app
+                image: "busybox:1.36"
+                command: ["sleep", "3600"]
+                resources: {requests: {cpu: "512"}}
+            """)
+        sysctl = await agent.wait_for("sysctl", lambda p: p.status.phase == "Failed")
+        assert (sysctl.status.reason, sysctl.status.message) == (
+            "SysctlForbidden", 'Pod was rejected: forbidden sysctl: "kernel.sem" not allowlisted'
+        )
+        greedy = await agent.wait_for("greedy", lambda p: p.status.phase == "Failed")
+        assert greedy.status.reason == "OutOfcpu"
+        assert greedy.status.message.startswith(
+            "Pod was rejected: Node didn't have enough resource: cpu, requested: 512000, used: 0,"
+        )
+        ok = await agent.wait_for("ok", lambda p: running(p, "app"))
+        assert ok.status.phase == "Running"
+        # What containerd holds: the rejected pods never got a sandbox.
+        async with open_cri_client(containerd.endpoint) as client:
+            held = {s.labels.get(labels.POD_UID) for s in await client.list_pod_sandbox()}
+        assert ok.metadata.uid in held
+        assert not {sysctl.metadata.uid, greedy.metadata.uid} & held

@@ -72,6 +72,14 @@ MANIFESTS = {
             - {name: shipper, image: busybox:1.36, restartPolicy: Always}
           containers: [{name: main, image: busybox:1.36}]
     """,
+    "greedy.yaml": """
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: greedy}
+        spec:
+          containers:
+            - {name: hog, image: busybox:1.36, resources: {requests: {cpu: "4000"}}}
+    """,
 }
 SCRIPTS = {
     ("crash", "app"): ContainerScript(exit_after=0.2, exit_code=1),
@@ -170,8 +178,14 @@ def test_a_real_recording_replays_without_divergence(recordings: Recordings) -> 
 
     assert result.divergence is None, result.divergence and result.divergence.diff
     pods = {entry.pod for entry in result.trace}
-    assert pods == {f"{name}-{NODE}_default" for name in ("crash", "onfail", "never", "init")}
+    names = ("crash", "onfail", "never", "init", "greedy")
+    assert pods == {f"{name}-{NODE}_default" for name in names}
     summaries = [(entry.pod, entry.summary) for entry in result.trace]
+    assert result.admissions == 5
+    assert ("crash-n1_default", "admit") in summaries
+    greedy = [summary for pod, summary in summaries if pod == "greedy-n1_default"]
+    assert len(greedy) == 1  # refused at admission: never synced
+    assert greedy[0].startswith("reject: OutOfcpu: Node didn't have enough resource: cpu, ")
     assert ("init-n1_default", "create sandbox (attempt 0); start init-1") in summaries
     assert ("init-n1_default", "start shipper") in summaries
     assert ("init-n1_default", "start main") in summaries
@@ -237,6 +251,38 @@ def test_a_tampered_action_diverges_at_its_line(recordings: Recordings, tmp_path
     assert (divergence.line, divergence.pod) == (number, "crash-n1_default")
     assert '-  "containers_to_start": [],' in divergence.diff
     assert '+  "containers_to_start": [\n+    0\n+  ],' in divergence.diff
+
+
+def admission_line(path: Path, pod: str) -> tuple[int, dict[str, object]]:
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        data = json.loads(line)
+        if data["kind"] == "admission" and data["pod"] == pod:
+            return number, data
+    raise AssertionError(f"no admission of {pod}")
+
+
+@pytest.mark.parametrize(
+    ("pod", "change"),
+    [
+        ("greedy-n1_default", {"reason": None, "message": None}),  # recorded as admitted
+        ("greedy-n1_default", {"allocatable": {"cpu": "5000", "pods": "110"}}),  # it fits now
+        ("crash-n1_default", {"allocatable": {"cpu": "2", "pods": "0"}}),  # no room
+    ],
+)
+def test_a_tampered_admission_diverges(
+    recordings: Recordings, tmp_path: Path, pod: str, change: dict[str, object]
+) -> None:
+    lines = recordings.plain.read_text().splitlines(keepends=True)
+    number, data = admission_line(recordings.plain, pod)
+    lines[number - 1] = json.dumps({**data, **change}) + "\n"
+    tampered = tmp_path / "tampered.jsonl"
+    tampered.write_text("".join(lines))
+
+    divergence = replay_file(tampered).divergence
+
+    assert divergence is not None
+    assert (divergence.line, divergence.pod) == (number, pod)
+    assert divergence.reason == "the replayed admission differs from the recorded one"
 
 
 def test_a_tampered_gate_diverges(recordings: Recordings, tmp_path: Path) -> None:
@@ -354,7 +400,8 @@ def test_check_passes_on_a_real_recording(
     out = capsys.readouterr().out
     result = replay_file(recordings.plain)
     assert out.splitlines()[-1] == (
-        f"replay OK: {result.decisions} decisions, {result.gates} gates re-checked, no divergence"
+        f"replay OK: {result.decisions} decisions, {result.admissions} admissions, "
+        f"{result.gates} gates re-checked, no divergence"
     )
     assert "s  init-n1_default  create sandbox (attempt 0); start init-1\n" in out
 

@@ -181,17 +181,6 @@ def test_sandbox_config_carries_the_sysctls_in_dotted_form() -> None:
     assert config.linux.security_context == security.sandbox_security_context(pod)
 
 
-@pytest.mark.parametrize(("name", "normal"), [
-    ("kernel.shm_rmid_forced", "kernel.shm_rmid_forced"),
-    ("kernel/shm_rmid_forced", "kernel.shm_rmid_forced"),
-    ("net.ipv4.conf.eno2/100.rp_filter", "net.ipv4.conf.eno2/100.rp_filter"),
-    ("net/ipv4/conf/eno2.100/rp_filter", "net.ipv4.conf.eno2/100.rp_filter"),
-    ("", ""),
-])
-def test_sysctl_names_are_normalised_to_dots(name: str, normal: str) -> None:
-    assert security.normalize_sysctl_name(name) == normal
-
-
 # -- runAsNonRoot ------------------------------------------------------------------------------
 
 WHERE = f'(pod: "web_shop({UID})", container: main)'
@@ -236,44 +225,3 @@ def test_image_uid_out_of_range_is_refused() -> None:
         f"container has runAsNonRoot and image has an invalid user id ({2**31}). "
         "(Must be 1-(2147483647)): must be between 0 and 2147483647, inclusive "
         f"{WHERE}")
-
-
-# -- sysctl admission --------------------------------------------------------------------------
-
-
-def sysctl_pod(*names: str, **spec: Any) -> Pod:
-    sysctls = [{"name": name, "value": "1"} for name in names]
-    return make_pod(securityContext={"sysctls": sysctls}, **spec)
-
-
-def test_safe_sysctls_are_admitted() -> None:
-    assert security.sysctl_rejection(sysctl_pod(*sorted(security.SAFE_SYSCTLS))) is None
-    assert security.sysctl_rejection(make_pod()) is None
-
-
-def test_unsafe_sysctl_is_forbidden() -> None:
-    pod = sysctl_pod("net.ipv4.tcp_syncookies", "kernel/msgmax")
-    assert security.sysctl_rejection(pod) == 'forbidden sysctl: "kernel.msgmax" not allowlisted'
-    assert security.SYSCTL_FORBIDDEN == "SysctlForbidden"
-
-
-def test_allowed_unsafe_sysctls_by_name_or_prefix() -> None:
-    pod = sysctl_pod("kernel.msgmax", "net.core.somaxconn")
-    assert security.sysctl_rejection(pod, allowed_unsafe=["kernel.msg*", "net.core.somaxconn"]) \
-        is None
-    assert security.sysctl_rejection(pod, allowed_unsafe=["kernel.msg*"]) == (
-        'forbidden sysctl: "net.core.somaxconn" not allowlisted')
-
-
-def test_namespaced_sysctls_are_forbidden_when_the_pod_shares_the_hosts_namespace() -> None:
-    net = sysctl_pod("net.ipv4.ip_local_port_range", hostNetwork=True)
-    assert security.sysctl_rejection(net) == (
-        'forbidden sysctl: "net.ipv4.ip_local_port_range" not allowed with host net enabled')
-    ipc = sysctl_pod("kernel.shm_rmid_forced", hostIPC=True)
-    assert security.sysctl_rejection(ipc) == (
-        'forbidden sysctl: "kernel.shm_rmid_forced" not allowed with host ipc enabled')
-    assert security.sysctl_rejection(sysctl_pod("kernel.msgmax", hostIPC=True),
-                                     allowed_unsafe=["kernel.msg*"]) == (
-        'forbidden sysctl: "kernel.msgmax" not allowed with host ipc enabled')
-    assert security.sysctl_rejection(sysctl_pod("kernel.shm_rmid_forced", hostNetwork=True)) \
-        is None

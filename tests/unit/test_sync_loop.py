@@ -10,6 +10,7 @@ import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,13 @@ from trio_kubelet.events import (
 from trio_kubelet.images.manager import ImageManager
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.reconcile import workers
+from trio_kubelet.reconcile.container_setup import NodeFacts
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import SYNC_ERROR_RETRY, WorkerContext
 from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.client import CRIClient, open_cri_client
 from trio_kubelet.runtime.cri.runtime import v1
-from trio_kubelet.runtime.fake import FakeRuntime, serve_fake_runtime
+from trio_kubelet.runtime.fake import ContainerScript, FakeRuntime, serve_fake_runtime
 from trio_kubelet.sources.pleg import run_pleg
 from trio_kubelet.status.store import PodStatusStore
 
@@ -86,10 +88,11 @@ async def fake_runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
 
 @asynccontextmanager
 async def agent(runtime: Runtime, sources: tuple[str, ...] = ("file",), *,
-                pleg: bool = False) -> AsyncIterator[Agent]:
+                pleg: bool = False, node: NodeFacts | None = None) -> AsyncIterator[Agent]:
     store = PodStatusStore()
     ctx = WorkerContext(client=runtime.client, images=ImageManager(runtime.client),
-                        store=store, clock=runtime.wall, pod_logs_dir=runtime.logs)
+                        store=store, clock=runtime.wall, pod_logs_dir=runtime.logs,
+                        node=node or NodeFacts())
     # No resync spreading here: a ResyncTick wakes every worker at once, which the
     # coalescing tests rely on (spreading has its own test below).
     loop = SyncLoop(ctx, sources, sync_frequency=0.0)
@@ -149,6 +152,48 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> No
 def syncs(fake: FakeRuntime) -> int:
     """Every sync starts with one inspect, which lists the pod's sandboxes once."""
     return int(fake.calls["ListPodSandbox"])
+
+
+# -- admission ---------------------------------------------------------------------------------
+
+
+async def test_a_pod_that_does_not_fit_is_failed_and_never_started(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    facts = NodeFacts(allocatable={"cpu": Fraction(1), "pods": Fraction(110)})
+    requests = {"resources": {"requests": {"cpu": "600m"}}}
+    web = make_pod("web", WEB, containers=[{"name": "main", "image": IMAGE, **requests}])
+    api = make_pod("api", API, containers=[{"name": "main", "image": IMAGE, **requests}])
+    async with fake_runtime(tmp_path) as runtime, agent(runtime, node=facts) as node:
+        await node.send.send(pod_set("file", web))
+        await node.wait_for(WEB, is_running)
+        await node.send.send(pod_set("file", web, api))
+
+        refused = await node.wait_for(API, lambda p: p.status.phase == "Failed")
+
+        assert refused.status.reason == "OutOfcpu"
+        assert refused.status.message == (
+            "Pod was rejected: Node didn't have enough resource: cpu, requested: 600, "
+            "used: 600, capacity: 1000"
+        )
+        await trio.sleep(5)
+        assert containers(runtime.fake, API) == [] and sandboxes(runtime.fake, API) == []
+        assert is_running(node.store.get(WEB))  # type: ignore[arg-type]
+
+
+async def test_a_finished_pod_no_longer_counts_against_allocatable(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    facts = NodeFacts(allocatable={"pods": Fraction(1)})
+    job = make_pod("job", WEB)
+    job.spec.restart_policy = "Never"
+    async with fake_runtime(tmp_path) as runtime, agent(runtime, node=facts, pleg=True) as node:
+        runtime.fake.script("job", "main", ContainerScript(exit_after=1.0, exit_code=0))
+        await node.send.send(pod_set("file", job))
+        await node.wait_for(WEB, lambda p: p.status.phase == "Succeeded")
+        await node.send.send(pod_set("file", job, make_pod("api", API)))
+
+        await node.wait_for(API, is_running)
 
 
 # -- routing and coalescing --------------------------------------------------------------------

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import trio
 
+from trio_kubelet.core.admission import Rejection, admit
 from trio_kubelet.events import (
     Event,
     PodLifecycleEvent,
@@ -25,7 +26,7 @@ from trio_kubelet.events import (
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.reconcile.podconfig import Change, PodConfig
 from trio_kubelet.reconcile.workers import PodWorker, WorkerContext
-from trio_kubelet.replay.records import EventRecord, InFlightSpec, SnapshotRecord
+from trio_kubelet.replay.records import AdmissionRecord, EventRecord, InFlightSpec, SnapshotRecord
 from trio_kubelet.sources.oom import OOMEvent
 
 log = logging.getLogger("trio_kubelet.sync")
@@ -54,8 +55,10 @@ class SyncLoop:
         *,
         sync_frequency: float = 60.0,
         probes: PodProbes | None = None,
+        allowed_unsafe_sysctls: Sequence[str] = (),
     ) -> None:
         self._ctx = ctx
+        self._allowed_unsafe_sysctls = tuple(allowed_unsafe_sysctls)
         self._probes = probes if probes is not None else _NoProbes()
         self._sync_frequency = sync_frequency
         self._relist_failing = False
@@ -173,7 +176,8 @@ class SyncLoop:
         )
 
     def _apply(self, changes: list[Change], seq: int) -> None:
-        for change in changes:
+        # New pods are admitted oldest first, as the Go kubelet sorts additions.
+        for change in sorted(changes, key=_creation_time):
             self._want(change.uid, change.pod, seq)
 
     def _want(self, uid: str, pod: Pod | None, seq: int) -> None:
@@ -183,6 +187,8 @@ class SyncLoop:
             worker = PodWorker(uid, self._ctx)
             self.workers[uid] = worker
             self._gone.discard(uid)
+            if pod is not None:
+                worker.rejection = self._admit(uid, pod, seq)
             self._nursery.start_soon(self._run_worker, worker)
         worker.pod = pod
         worker.spec_seq = seq if pod is not None else -1
@@ -192,6 +198,48 @@ class SyncLoop:
             self._probes.remove_pod(uid)
         worker.wake()
 
+    def _admit(self, uid: str, pod: Pod, seq: int) -> Rejection | None:
+        """Check a new pod against the pods already admitted; record and report a refusal."""
+        admitted = {
+            other: (worker.spec_seq, admitted_pod)
+            for other, worker in self.workers.items()
+            if other != uid and (admitted_pod := worker.admitted_pod) is not None
+        }
+        allocatable = self._ctx.node.allocatable or {}
+        rejection = admit(
+            pod,
+            [admitted_pod for _, admitted_pod in admitted.values()],
+            allocatable,
+            allowed_unsafe_sysctls=self._allowed_unsafe_sysctls,
+        )
+        recorder = self._ctx.recorder
+        if recorder is not None:
+            t, name = trio.current_time(), pod.full_name
+            seqs = {other: spec_seq for other, (spec_seq, _) in admitted.items()}
+            wire = {name: str(value) for name, value in allocatable.items()}
+            recorder.add(
+                lambda: AdmissionRecord(
+                    t=t,
+                    uid=uid,
+                    pod=name,
+                    spec_seq=seq,
+                    admitted=seqs,
+                    allocatable=wire,
+                    reason=rejection.reason if rejection else None,
+                    message=rejection.message if rejection else None,
+                )
+            )
+        if rejection is not None:
+            log.warning(
+                "Rejected pod %s (%s): %s: %s",
+                pod.full_name,
+                uid,
+                rejection.reason,
+                rejection.message,
+            )
+            self._ctx.events.pod_event(pod, "Warning", rejection.reason, rejection.message)
+        return rejection
+
     async def _run_worker(self, worker: PodWorker) -> None:
         try:
             await worker.run()
@@ -200,3 +248,8 @@ class SyncLoop:
             self._gone.add(worker.uid)
             self._probes.remove_pod(worker.uid)
             self._ctx.probe_results.remove_pod(worker.uid)
+
+
+def _creation_time(change: Change) -> str:
+    # RFC 3339 timestamps in UTC sort as strings; removals and unstamped pods go first.
+    return (change.pod.metadata.creation_timestamp or "") if change.pod is not None else ""

@@ -22,6 +22,7 @@ from trio_kubelet.apiserver.object_cache import PodObjects
 from trio_kubelet.apiserver.tokens import TokenSource
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.core.actions import PodActions, compute_pod_actions
+from trio_kubelet.core.admission import Rejection, rejected_status
 from trio_kubelet.core.backoff import (
     Backoff,
     backoff_key,
@@ -118,6 +119,16 @@ class PodWorker:
         self._wake_send, self._wake_recv = trio.open_memory_channel[None](1)
         self._backoff = Backoff()
         self._status: PodStatus | None = None
+        self.rejection: Rejection | None = None  # set once at admission; the pod never runs
+
+    @property
+    def admitted_pod(self) -> Pod | None:
+        """The pod as admission counts it: wanted, admitted, and not finished."""
+        if self.pod is None or self.rejection is not None:
+            return None
+        if self._status is not None and self._status.phase in ("Succeeded", "Failed"):
+            return None
+        return self.pod
 
     def wake(self) -> None:
         """Ask for a sync; a wake-up already pending absorbs this one."""
@@ -169,6 +180,9 @@ class PodWorker:
 
     async def _sync(self, pod: Pod) -> float:
         """One SyncPod: compute actions, execute them, publish the status; return requeue time."""
+        if self.rejection is not None:
+            await self._sync_rejected(pod, self.rejection)
+            return math.inf
         spec_seq = self.spec_seq
         self.syncing = (spec_seq, pod)
         try:
@@ -200,6 +214,14 @@ class PodWorker:
             runtime = await inspect_pod(ctx.client, self.uid)
         self._publish(pod, runtime, ctx.clock.now(), result.errors)
         return result.requeue_at
+
+    async def _sync_rejected(self, pod: Pod, rejection: Rejection) -> None:
+        """Keep a refused pod from running (it may have run before an agent restart)."""
+        runtime = await inspect_pod(self._ctx.client, self.uid)
+        if runtime.containers or runtime.sandboxes:
+            await self._kill_pod(pod, runtime)
+            runtime = await inspect_pod(self._ctx.client, self.uid)
+        self._set_status(pod, rejected_status(pod, rejection), runtime)
 
     def _record_decision(
         self,
@@ -593,6 +615,10 @@ class PodWorker:
             host_ip=ctx.node_ip,
             runtime_name=ctx.runtime_name,
         )
+        self._set_status(pod, status, runtime)
+
+    def _set_status(self, pod: Pod, status: PodStatus, runtime: RuntimePodStatus) -> None:
+        ctx = self._ctx
         if ctx.recorder is not None and status != self._status:
             t, name, wire = trio.current_time(), pod.full_name, status.to_api()
             ctx.recorder.add(lambda: StatusRecord(t=t, uid=self.uid, pod=name, status=wire))

@@ -150,8 +150,8 @@ def replay_main(args: argparse.Namespace) -> int:
         return EXIT_DIVERGED if args.check else EXIT_OK
     if args.check:
         print(
-            f"replay OK: {result.decisions} decisions, {result.gates} gates re-checked, "
-            "no divergence",
+            f"replay OK: {result.decisions} decisions, {result.admissions} admissions, "
+            f"{result.gates} gates re-checked, no divergence",
             file=out,
         )
     return EXIT_OK

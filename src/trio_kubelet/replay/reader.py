@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from trio_kubelet.replay.records import (
     FORMAT_VERSION,
+    AdmissionRecord,
     CRIRecord,
     DecisionRecord,
     EventRecord,
@@ -38,6 +39,7 @@ _MODELS: dict[str, type[BaseModel]] = {
     "snapshot": SnapshotRecord,
     "cri": CRIRecord,
     "decision": DecisionRecord,
+    "admission": AdmissionRecord,
     "status": StatusRecord,
     "teardown": TeardownRecord,
 }

@@ -88,6 +88,23 @@ class DecisionRecord(_Record):
     starts: list[ContainerStart] = Field(default_factory=list)
 
 
+class AdmissionRecord(_Record):
+    """Whether a new pod was admitted: the inputs of ``core.admission.admit`` and its answer.
+
+    ``admitted`` maps the UIDs of the pods already admitted to the seq of the event
+    that set their specs; ``allocatable`` holds the node's figures as fractions.
+    """
+
+    kind: Literal["admission"] = "admission"
+    uid: str
+    pod: str
+    spec_seq: int
+    admitted: dict[str, int]
+    allocatable: dict[str, str]
+    reason: str | None = None  # None: admitted
+    message: str | None = None
+
+
 class StatusRecord(_Record):
     """The API status a sync published (for the timeline and for readers of a recording)."""
 
@@ -135,6 +152,7 @@ Record = Annotated[
     | SnapshotRecord
     | CRIRecord
     | DecisionRecord
+    | AdmissionRecord
     | StatusRecord
     | TeardownRecord,
     Field(discriminator="kind"),

@@ -16,6 +16,7 @@ import json
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from types import MappingProxyType
 from typing import Any
 
@@ -24,6 +25,7 @@ import trio.testing
 from pydantic import ValidationError
 
 from trio_kubelet.core.actions import PodActions, compute_pod_actions
+from trio_kubelet.core.admission import admit
 from trio_kubelet.core.backoff import (
     Backoff,
     BackoffEntry,
@@ -45,6 +47,7 @@ from trio_kubelet.reconcile.podconfig import PodConfig
 from trio_kubelet.replay.codec import actions_to_json, observed_from_json, probe_results_from_json
 from trio_kubelet.replay.reader import NumberedRecord, RecordingError, field_path
 from trio_kubelet.replay.records import (
+    AdmissionRecord,
     ContainerStart,
     DecisionRecord,
     EventRecord,
@@ -95,6 +98,7 @@ class ReplayResult:
     records: int = 0
     events: int = 0
     decisions: int = 0
+    admissions: int = 0
     gates: int = 0
     divergences: int = 0
     divergence: Divergence | None = None  # the first one
@@ -158,6 +162,8 @@ class Replayer:
         result.end = max(result.end, t)
         if isinstance(record, DecisionRecord):
             self._decision(line, t, record)
+        elif isinstance(record, AdmissionRecord):
+            self._admission(line, t, record)
         elif isinstance(record, EventRecord):
             self._event(line, record)
             result.events += 1
@@ -259,6 +265,55 @@ class Replayer:
                 tuple(reasons),
                 diverged,
             )
+        )
+
+    def _admission(self, line: int, t: float, record: AdmissionRecord) -> None:
+        """Re-decide whether the pod was admitted, from its spec and the admitted pods' specs."""
+        if self.pod is not None and not self._wanted(record.pod):
+            return
+        self.result.admissions += 1
+        recorded = {"reason": record.reason, "message": record.message}
+        wanted = [(record.uid, record.spec_seq), *record.admitted.items()]
+        missing = [key for key in wanted if key not in self._versions]
+        if missing:
+            uid, seq = missing[0]
+            self._diverge(
+                line,
+                record.pod,
+                f"the spec of pod {uid} set by event seq {seq} is not in the recording",
+                recorded,
+                {},
+            )
+            return
+        pod = self._versions[(record.uid, record.spec_seq)]
+        others = [self._versions[key] for key in record.admitted.items()]
+        try:
+            allocatable = {name: Fraction(value) for name, value in record.allocatable.items()}
+        except (ValueError, ZeroDivisionError):
+            raise RecordingError(line, "allocatable: not a fraction") from None
+        config = self.header.config if self.header else {}
+        rejection = admit(
+            pod,
+            others,
+            allocatable,
+            allowed_unsafe_sysctls=config.get("allowedUnsafeSysctls") or (),
+        )
+        replayed = {
+            "reason": rejection.reason if rejection else None,
+            "message": rejection.message if rejection else None,
+        }
+        diverged = replayed != recorded
+        if diverged:
+            self._diverge(
+                line,
+                record.pod,
+                "the replayed admission differs from the recorded one",
+                recorded,
+                replayed,
+            )
+        summary = f"reject: {rejection.reason}: {rejection.message}" if rejection else "admit"
+        self.result.trace.append(
+            DecisionTrace(line, t, record.pod, record.uid, summary, diverged=diverged)
         )
 
     def _check_gate(

@@ -2,17 +2,18 @@
 
 Pure functions: what ``kuberuntime`` (security_context.go, helpers.go, kuberuntime_sandbox.go)
 and ``pkg/securitycontext`` derive from a pod spec, the runAsNonRoot verification, and the
-sysctl admission of ``pkg/kubelet/sysctl``. Nothing here talks to the runtime.
+sysctls in the sandbox's form. Nothing here talks to the runtime.
 """
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from trio_kubelet.config import DEFAULT_ROOT_DIR
+from trio_kubelet.core.sysctls import normalize_sysctl_name
 from trio_kubelet.model.pod import Container, Pod, SecurityContext
 from trio_kubelet.runtime.cri.runtime import v1 as cri
 
@@ -42,35 +43,6 @@ DEFAULT_READONLY_PATHS = (
     "/proc/sysrq-trigger",
 )
 
-# SafeSysctlAllowlist: namespaced, and without effect on other pods. Go drops the keepalive,
-# fin_timeout and reserved-ports entries on kernels too old to namespace them (< 4.6 at most).
-SAFE_SYSCTLS = frozenset(
-    {
-        "kernel.shm_rmid_forced",
-        "net.ipv4.ip_local_port_range",
-        "net.ipv4.tcp_syncookies",
-        "net.ipv4.ping_group_range",
-        "net.ipv4.ip_unprivileged_port_start",
-        "net.ipv4.ip_local_reserved_ports",
-        "net.ipv4.tcp_keepalive_time",
-        "net.ipv4.tcp_fin_timeout",
-        "net.ipv4.tcp_keepalive_intvl",
-        "net.ipv4.tcp_keepalive_probes",
-        "net.ipv4.tcp_rmem",
-        "net.ipv4.tcp_wmem",
-    }
-)
-# The pod admission reason when a sysctl is not allowed.
-SYSCTL_FORBIDDEN = "SysctlForbidden"
-
-_IPC, _NET = "ipc", "net"
-_SYSCTL_NAMESPACES = {"kernel.sem": _IPC}
-_SYSCTL_NAMESPACE_PREFIXES = {
-    "kernel.shm": _IPC,
-    "kernel.msg": _IPC,
-    "fs.mqueue.": _IPC,
-    "net.": _NET,
-}
 _MAX_USER_ID = 2**31 - 1
 
 
@@ -166,15 +138,6 @@ def pod_sysctls(pod: Pod) -> dict[str, str]:
     }
 
 
-def normalize_sysctl_name(name: str) -> str:
-    """``net/ipv4/conf/eth0.100/rp_filter`` → ``net.ipv4.conf.eth0/100.rp_filter``: a name
-    whose first separator is a slash has its dots and slashes swapped (sysctl.d(5))."""
-    first = next((char for char in name if char in "./"), ".")
-    if first == ".":
-        return name
-    return name.translate(str.maketrans("./", "/."))
-
-
 def verify_run_as_non_root(
     pod: Pod, container: Container, image_uid: int | None, image_username: str
 ) -> str | None:
@@ -206,43 +169,6 @@ def verify_run_as_non_root(
             f"{where}"
         )
     return None
-
-
-def sysctl_rejection(pod: Pod, *, allowed_unsafe: Sequence[str] = ()) -> str | None:
-    """The admission message (reason :data:`SYSCTL_FORBIDDEN`) for the first sysctl the node
-    does not allow, or None when all are allowed.
-
-    Allowed are the safe sysctls plus ``allowed_unsafe`` (the kubelet's allowedUnsafeSysctls:
-    names, or prefixes ending in ``*``); a net sysctl is still refused to a host-network pod,
-    an IPC one to a host-IPC pod, since it would change the node's own setting.
-    """
-    spec = pod.spec
-    allowed = [*sorted(SAFE_SYSCTLS), *(normalize_sysctl_name(p) for p in allowed_unsafe)]
-    for sysctl in spec.security_context.sysctls:
-        name = normalize_sysctl_name(sysctl.get("name", ""))
-        pattern = next((p for p in allowed if _sysctl_matches(name, p)), None)
-        if pattern is None:
-            return f'forbidden sysctl: "{name}" not allowlisted'
-        namespace = _sysctl_namespace(pattern.removesuffix("*"))
-        if (namespace == _NET and spec.host_network) or (namespace == _IPC and spec.host_ipc):
-            return f'forbidden sysctl: "{name}" not allowed with host {namespace} enabled'
-    return None
-
-
-def _sysctl_matches(name: str, pattern: str) -> bool:
-    if pattern.endswith("*"):
-        return name.startswith(pattern[:-1])
-    return name == pattern
-
-
-def _sysctl_namespace(name: str) -> str | None:
-    """The kernel namespace that isolates a sysctl, None when it is not known to be namespaced."""
-    if name in _SYSCTL_NAMESPACES:
-        return _SYSCTL_NAMESPACES[name]
-    return next(
-        (ns for prefix, ns in _SYSCTL_NAMESPACE_PREFIXES.items() if name.startswith(prefix)),
-        None,
-    )
 
 
 def _seccomp_profile(pod: Pod, container: Container, root: Path) -> cri.SecurityProfile:
