@@ -15,6 +15,7 @@ from trio_kubelet.core.probes import (
     after_probe,
     before_probe,
     initial_jitter,
+    next_tick,
     probe_view,
     probed_containers,
 )
@@ -136,6 +137,30 @@ def test_a_result_is_published_exactly_when_its_run_reaches_the_threshold(
 def test_jitter_only_right_after_the_agent_started():
     assert initial_jitter(10.0, since_agent_start=3.0, fraction=0.5) == 5.0
     assert initial_jitter(10.0, since_agent_start=30.0, fraction=0.5) == 0.0
+
+
+def test_a_late_wake_up_does_not_shift_later_ticks():
+    assert next_tick(100.0, now=100.004, period=10.0) == 110.0  # probe took 4 ms
+    assert next_tick(110.0, now=110.250, period=10.0) == 120.0  # woke 250 ms late
+    assert next_tick(100.0, now=105.0, period=10.0) == 110.0  # an early manual trigger
+
+
+def test_ticks_a_slow_probe_overran_are_dropped():
+    assert next_tick(100.0, now=125.0, period=10.0) == 130.0
+    assert next_tick(100.0, now=130.0, period=10.0) == 140.0
+
+
+@given(
+    previous=st.floats(0, 1e6),
+    elapsed=st.floats(0, 1e4),
+    period=st.integers(1, 300).map(float),
+)
+def test_next_tick_is_the_first_grid_point_ahead(previous: float, elapsed: float, period: float):
+    now = previous + elapsed
+    tick = next_tick(previous, now, period)
+    assert now < tick <= now + period + 1e-6
+    steps = (tick - previous) / period
+    assert abs(steps - round(steps)) < 1e-6 and round(steps) >= 1
 
 
 def _pod(status: dict | None = None, **spec: object) -> Pod:

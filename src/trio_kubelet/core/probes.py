@@ -11,6 +11,7 @@ shell turns published results into events for the reconciler.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -190,3 +191,15 @@ def initial_jitter(period: float, since_agent_start: float, fraction: float) -> 
     random number in [0, 1) supplied by the caller.
     """
     return period * fraction if since_agent_start < period else 0.0
+
+
+def next_tick(previous: float, now: float, period: float) -> float:
+    """The first tick of the grid ``previous + k·period`` that is still ahead of ``now``.
+
+    Ticks stay on a fixed grid like a Go ticker, so a late wake-up does not push
+    every later probe back; ticks a slow probe overran are dropped, not bunched.
+    """
+    following = previous + period
+    if following > now:
+        return following
+    return following + (math.floor((now - following) / period) + 1) * period

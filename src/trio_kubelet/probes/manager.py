@@ -27,6 +27,7 @@ from trio_kubelet.core.probes import (
     after_probe,
     before_probe,
     initial_jitter,
+    next_tick,
     probe_view,
     probed_containers,
 )
@@ -160,12 +161,13 @@ class ProbeManager:
             await trio.sleep(
                 initial_jitter(period, trio.current_time() - self._started, self._jitter())
             )
+            tick_at = trio.current_time()
             while True:
-                next_tick = trio.current_time() + period
                 state, published, go_on = await self._tick(worker, state, published)
                 if not go_on:
                     return
-                with trio.move_on_at(next_tick):
+                tick_at = next_tick(tick_at, trio.current_time(), period)
+                with trio.move_on_at(tick_at):
                     await worker.wake.wait()
                 worker.wake = trio.Event()
 
