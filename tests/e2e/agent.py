@@ -104,6 +104,18 @@ def running_agent(
         yield agent
     finally:
         agent.stop()
+        # Like the Go kubelet, a stopped agent leaves its pods' volumes mounted (a restart
+        # adopts them); the test's pods are gone with it, so their mounts go too.
+        unmount_under(tmp / "root")
+
+
+def unmount_under(root: Path) -> None:
+    """Lazily unmount every mount point below ``root``, deepest first."""
+    prefix = f"{root.resolve()}/"
+    with open("/proc/self/mountinfo") as mounts:
+        points = [line.split()[4] for line in mounts]
+    for point in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 
 PODS = "/api/v1/namespaces/default/pods"
