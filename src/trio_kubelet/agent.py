@@ -16,6 +16,7 @@ from trio_kubelet import __version__
 from trio_kubelet.apiserver.client import APIClient
 from trio_kubelet.apiserver.kubeconfig import load_kubeconfig
 from trio_kubelet.apiserver.object_cache import ObjectCache, PodObjects
+from trio_kubelet.apiserver.services import ServiceCache
 from trio_kubelet.apiserver.tokens import TokenSource
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.config import AgentOptions
@@ -189,7 +190,8 @@ async def _run_cluster_tasks(
     ctx: WorkerContext,
     clock: TrioWallClock,
 ) -> None:
-    """The API-server side: the Node and its Lease, pod source, pod statuses, mirror pods."""
+    """The API-server side: the Node and its Lease, pod source, referenced objects and
+    Services, pod statuses, mirror pods."""
     probe = RuntimeProbe(cri)
     await probe.probe()  # the first answer, before the first node status
     nursery.start_soon(probe.run)
@@ -202,7 +204,7 @@ async def _run_cluster_tasks(
     await nursery.start(config_maps.run)
     await nursery.start(secrets.run)
     pods = APIPods(caches=(config_maps, secrets))
-    ctx.objects = PodObjects(config_maps, secrets)
+    ctx.objects = PodObjects(config_maps, secrets, services)
     ctx.tokens = TokenSource(api, clock.now)
     nursery.start_soon(run_api_source, send.clone(), api, options.node_name, pods)
 
@@ -248,8 +250,10 @@ def _start_recorder(
         snapshot=lambda: loop().snapshot(),
         max_bytes=options.record_max_bytes,
     )
+    services = ServiceCache(api)  # every Service, for containers' link variables
 
 
+    await nursery.start(services.run)
 def _observers(*observers: Observer | None) -> Observer | None:
     chosen = [o for o in observers if o is not None]
     if len(chosen) <= 1:

@@ -91,3 +91,52 @@ def test_config_maps_secrets_and_tokens_reach_the_pod(
     seen = [line for line in lines if line.startswith("file=")]
     # Atomic: every read saw one whole version, never an empty or partial file.
     assert set(seen) <= {"file=one", "file=two"}, set(seen)
+
+
+def env_lines(api: Api, name: str, timeout: float = 60.0) -> dict[str, str]:
+    """The ``env`` output the pod ``name`` printed (the line ``done`` ends it)."""
+    lines = wait_for_line(api, name, "done", timeout)
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def test_service_links_reach_the_environment(
+    agent: AgentProcess, api: Api, containerd: Containerd
+) -> None:
+    service = api.create(
+        f"{NS}/services",
+        {
+            "metadata": {"name": "links-demo"},
+            "spec": {"ports": [{"name": "web", "port": 8080, "targetPort": 80}]},
+        },
+    )
+    ip = service["spec"]["clusterIP"]
+    master = api.get(f"{NS}/services/kubernetes")
+    assert master is not None, "the API server publishes default/kubernetes"
+    try:
+        command = ["sh", "-c", "env; echo done; sleep 3600"]
+        linked = pod_manifest("linked", NODE, containerd.BUSYBOX_TAGGED, command)
+        linked["spec"]["containers"][0]["env"] = [
+            {"name": "DEMO_URL", "value": "http://$(LINKS_DEMO_SERVICE_HOST):8080"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": "overridden"},
+        ]
+        api.create(PODS, linked)
+        unlinked = pod_manifest(
+            "unlinked", NODE, containerd.BUSYBOX_TAGGED, command, enableServiceLinks=False
+        )
+        api.create(PODS, unlinked)
+
+        env = env_lines(api, "linked")
+        assert env["LINKS_DEMO_SERVICE_HOST"] == ip
+        assert env["LINKS_DEMO_SERVICE_PORT"] == "8080"
+        assert env["LINKS_DEMO_SERVICE_PORT_WEB"] == "8080"
+        assert env["LINKS_DEMO_PORT"] == f"tcp://{ip}:8080"
+        assert env["DEMO_URL"] == f"http://{ip}:8080"  # $(VAR) sees the service variables
+        assert env["KUBERNETES_SERVICE_HOST"] == master["spec"]["clusterIP"]
+        assert env["KUBERNETES_SERVICE_PORT"] == "overridden"  # the container's own env wins
+
+        env = env_lines(api, "unlinked")
+        assert env["KUBERNETES_SERVICE_HOST"] == master["spec"]["clusterIP"]
+        assert env["KUBERNETES_SERVICE_PORT"] == str(master["spec"]["ports"][0]["port"])
+        assert not any(name.startswith("LINKS_DEMO_") for name in env), sorted(env)
+    finally:
+        api.delete(f"{NS}/services/links-demo")

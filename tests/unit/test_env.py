@@ -20,7 +20,13 @@ from trio_kubelet.core.env import (
     invalid_env_from_names,
     service_env_vars,
 )
-from trio_kubelet.core.objects import ObjectKind, ObjectUnavailable
+from trio_kubelet.core.objects import (
+    ClusterLookup,
+    ObjectKind,
+    ObjectUnavailable,
+    ServiceLink,
+    ServicePort,
+)
 from trio_kubelet.model.pod import Container, Pod
 
 GiB = 1024**3
@@ -46,6 +52,19 @@ class Objects:
         if name in self.unavailable:
             raise ObjectUnavailable(f"{kind} {namespace}/{name} is not synced yet")
         return self.objects.get((kind, name))
+
+
+class Services:
+    """A ServiceLookup over a list; ``synced=False`` answers like a cache never listed."""
+
+    def __init__(self, *services: ServiceLink, synced: bool = True) -> None:
+        self.all = services
+        self.synced = synced
+
+    def services(self, namespace: str) -> list[ServiceLink]:
+        if not self.synced:
+            raise ObjectUnavailable("services have not yet been read at least once")
+        return [service for service in self.all if service.namespace == namespace]
 
 
 def config_map(name: str, data: dict[str, str], binary: dict[str, str] | None = None
@@ -74,8 +93,8 @@ def make_pod(container: dict[str, Any] | None = None, **spec: Any) -> Pod:
     })
 
 
-def env_of(pod: Pod, lookup: Objects | None = None, container: Container | None = None,
-           **overrides: Any) -> list[tuple[str, str]]:
+def env_of(pod: Pod, lookup: Objects | ClusterLookup | None = None,
+           container: Container | None = None, **overrides: Any) -> list[tuple[str, str]]:
     args: dict[str, Any] = {
         "lookup": lookup or Objects(), "pod_ip": "10.1.0.5", "pod_ips": ["10.1.0.5"],
         "host_ip": "192.168.0.10", "host_ips": ["192.168.0.10"],
@@ -86,7 +105,8 @@ def env_of(pod: Pod, lookup: Objects | None = None, container: Container | None 
     return env
 
 
-def env_dict(pod: Pod, lookup: Objects | None = None, **overrides: Any) -> dict[str, str]:
+def env_dict(pod: Pod, lookup: Objects | ClusterLookup | None = None,
+             **overrides: Any) -> dict[str, str]:
     return dict(env_of(pod, lookup, **overrides))
 
 
@@ -246,25 +266,92 @@ def test_unknown_value_from_source_is_empty() -> None:
 
 # --- service environment ------------------------------------------------------------------
 
-SERVICE_ENV = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443",
-               "DB_SERVICE_HOST": "10.96.0.9"}
+def link(name: str, namespace: str, cluster_ip: str, *ports: ServicePort) -> ServiceLink:
+    return ServiceLink(namespace, name, cluster_ip, ports or (ServicePort("", 80, "TCP"),))
+
+
+MASTER_LINK = link("kubernetes", "default", "10.96.0.1", ServicePort("https", 443, "TCP"))
+DB_LINK = link("db", "default", "10.96.0.9", ServicePort("", 5432, "TCP"))
+SHOP_LINK = link("cart", "shop", "10.96.0.20", ServicePort("", 8080, "TCP"))
+
+
+def with_services(*services: ServiceLink, synced: bool = True) -> ClusterLookup:
+    return ClusterLookup(Objects(), Services(*services, synced=synced))
+
+
+def shop_pod(**spec: Any) -> Pod:
+    pod = make_pod(**spec)
+    pod.metadata.namespace = "shop"
+    return pod
 
 
 def test_service_variables_come_last_sorted_and_are_not_duplicated() -> None:
     pod = with_env({"name": "DB_SERVICE_HOST", "value": "override"},
                    {"name": "API", "value": "https://$(KUBERNETES_SERVICE_HOST)"})
-    assert env_of(pod, service_env=SERVICE_ENV) == [
-        ("DB_SERVICE_HOST", "override"),
-        ("API", "https://10.96.0.1"),
-        ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
-        ("KUBERNETES_SERVICE_PORT", "443"),
-    ]
+    env = env_of(pod, with_services(MASTER_LINK, DB_LINK))
+    assert env[:2] == [("DB_SERVICE_HOST", "override"), ("API", "https://10.96.0.1")]
+    names = [name for name, _ in env[2:]]
+    assert names == sorted(names) and "DB_SERVICE_HOST" not in names
+    assert ("KUBERNETES_SERVICE_HOST", "10.96.0.1") in env and ("DB_SERVICE_PORT", "5432") in env
 
 
 def test_container_variables_shadow_service_variables_in_expansion() -> None:
     pod = with_env({"name": "KUBERNETES_SERVICE_HOST", "value": "mine"},
                    {"name": "X", "value": "$(KUBERNETES_SERVICE_HOST)"})
-    assert env_dict(pod, service_env=SERVICE_ENV)["X"] == "mine"
+    assert env_dict(pod, with_services(MASTER_LINK))["X"] == "mine"
+
+
+def test_env_from_overrides_service_variables_too() -> None:
+    objects = Objects(dict([config_map("cfg", {"CART_SERVICE_HOST": "from-cfg"})]))
+    pod = shop_pod(container={"envFrom": [{"configMapRef": {"name": "cfg"}}]})
+    lookup = ClusterLookup(objects, Services(MASTER_LINK, SHOP_LINK))
+    assert env_dict(pod, lookup)["CART_SERVICE_HOST"] == "from-cfg"
+
+
+def test_service_links_of_the_pods_namespace_follow_enable_service_links() -> None:
+    lookup = with_services(MASTER_LINK, DB_LINK, SHOP_LINK)
+    linked = env_dict(shop_pod(), lookup)
+    assert linked["CART_SERVICE_HOST"] == "10.96.0.20"
+    assert linked["CART_PORT"] == "tcp://10.96.0.20:8080"
+    assert linked["KUBERNETES_SERVICE_HOST"] == "10.96.0.1"
+    assert "DB_SERVICE_HOST" not in linked  # another namespace's service
+
+    unlinked = env_dict(shop_pod(enableServiceLinks=False), lookup)
+    assert {name.split("_")[0] for name in unlinked} == {"KUBERNETES"}
+    assert unlinked["KUBERNETES_SERVICE_PORT"] == "443"
+
+
+def test_service_host_expands_in_values_and_command() -> None:
+    pod = shop_pod(container={
+        "command": ["wget", "$(CART_URL)"],
+        "env": [{"name": "CART_URL", "value": "http://$(CART_SERVICE_HOST):$(CART_SERVICE_PORT)"}],
+    })
+    env = env_of(pod, with_services(MASTER_LINK, SHOP_LINK))
+    assert dict(env)["CART_URL"] == "http://10.96.0.20:8080"
+    assert expand_command(pod.spec.containers[0], env)[0] == ["wget", "http://10.96.0.20:8080"]
+
+
+def test_services_never_listed_fail_an_api_pod() -> None:
+    pod = make_pod()
+    pod.metadata.annotations["kubernetes.io/config.source"] = "api"
+    with pytest.raises(EnvError, match="services have not yet been read") as caught:
+        env_of(pod, with_services(MASTER_LINK, synced=False))
+    assert caught.value.reason == "CreateContainerConfigError"
+    # enableServiceLinks=false still needs the kubernetes service: the same error.
+    with pytest.raises(EnvError, match="services have not yet been read"):
+        env_of(make_pod(enableServiceLinks=False), with_services(synced=False))
+
+
+def test_a_static_pod_does_not_wait_for_services() -> None:
+    pod = make_pod()
+    pod.metadata.annotations["kubernetes.io/config.source"] = "file"
+    pod.spec.containers[0].env = []
+    assert env_of(pod, with_services(MASTER_LINK, synced=False)) == []
+
+
+def test_no_service_variables_without_a_service_lookup() -> None:
+    # A plain ObjectLookup: no API server, no Services (static pods of a standalone node).
+    assert not any("SERVICE" in name for name, _ in env_of(make_pod(), Objects()))
 
 
 # --- envFrom ------------------------------------------------------------------------------
@@ -593,21 +680,18 @@ def test_resource_ref_errors(env: dict[str, Any], message: str) -> None:
 
 # --- service_env_vars ---------------------------------------------------------------------
 
-def service(name: str, namespace: str, cluster_ip: str | None,
-            ports: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"ports": ports if ports is not None else [{"port": 80}]}
-    if cluster_ip is not None:
-        spec["clusterIP"] = cluster_ip
-    return {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
+def service(name: str, namespace: str, cluster_ip: str,
+            ports: list[ServicePort] | None = None) -> ServiceLink:
+    chosen = ports if ports is not None else [ServicePort("", 80, "TCP")]
+    return ServiceLink(namespace, name, cluster_ip, tuple(chosen))
 
 
-MASTER = service("kubernetes", "default", "10.96.0.1",
-                 [{"name": "https", "port": 443, "protocol": "TCP"}])
+MASTER = service("kubernetes", "default", "10.96.0.1", [ServicePort("https", 443, "TCP")])
 
 
 def test_service_links_for_one_service() -> None:
     svc = service("redis-primary", "shop", "10.0.0.11",
-                  [{"port": 6379}, {"name": "metrics-port", "port": 9121, "protocol": "UDP"}])
+                  [ServicePort("", 6379, "TCP"), ServicePort("metrics-port", 9121, "UDP")])
     assert service_env_vars([svc], "shop", True) == {
         "REDIS_PRIMARY_SERVICE_HOST": "10.0.0.11",
         "REDIS_PRIMARY_SERVICE_PORT": "6379",
@@ -640,7 +724,7 @@ def test_master_service_is_always_included() -> None:
 
 def test_services_without_cluster_ip_are_skipped() -> None:
     services = [service("headless", "shop", "None"), service("empty", "shop", ""),
-                service("external", "shop", None), service("noports", "shop", "10.0.0.4", [])]
+                service("noports", "shop", "10.0.0.4", [])]
     assert service_env_vars(services, "shop", True) == {}
 
 
@@ -653,7 +737,8 @@ def test_local_kubernetes_service_shadows_the_master() -> None:
 
 
 def test_ipv6_cluster_ip_is_bracketed_in_urls() -> None:
-    linked = service_env_vars([service("api", "shop", "fd00::10", [{"port": 8080}])], "shop", True)
+    linked = service_env_vars([service("api", "shop", "fd00::10", [ServicePort("", 8080, "TCP")])],
+                              "shop", True)
     assert linked["API_PORT"] == "tcp://[fd00::10]:8080"
     assert linked["API_PORT_8080_TCP_ADDR"] == "fd00::10"
     assert linked["API_SERVICE_HOST"] == "fd00::10"
@@ -663,6 +748,6 @@ def test_service_env_feeds_container_env() -> None:
     links = service_env_vars([MASTER], "default", True)
     pod = with_env({"name": "URL", "value": "https://$(KUBERNETES_SERVICE_HOST):"
                                             "$(KUBERNETES_SERVICE_PORT)"})
-    env = env_of(pod, service_env=links)
+    env = env_of(pod, with_services(MASTER))
     assert env[0] == ("URL", "https://10.96.0.1:443")
     assert [name for name, _ in env[1:]] == sorted(links)

@@ -24,7 +24,9 @@ import trio
 from trio_kubelet.apiserver.client import JSON, APIClient, WatchEvent
 from trio_kubelet.apiserver.errors import APIError, Forbidden, NotFound, Unauthorized
 from trio_kubelet.apiserver.reflector import Reflector
-from trio_kubelet.core.objects import ObjectKind, ObjectUnavailable
+from trio_kubelet.apiserver.services import ServiceCache
+from trio_kubelet.core.objects import ClusterLookup, ObjectKind, ObjectLookup, ObjectUnavailable
+from trio_kubelet.core.phase import is_static_pod
 from trio_kubelet.core.references import pod_references
 from trio_kubelet.model.pod import Pod
 
@@ -194,9 +196,7 @@ class ObjectCache:
     def _entry(self, namespace: str, name: str) -> _Entry:
         entry = self._entries.get((namespace, name))
         if entry is None:
-            raise NotRegistered(
-                f"{self._what(namespace, name)}: no pod on this node references it"
-            )
+            raise NotRegistered(f"{self._what(namespace, name)}: no pod on this node references it")
         return entry
 
     def _acquire(self, namespace: str, name: str) -> None:
@@ -231,16 +231,25 @@ class ObjectCache:
 
 
 class PodObjects:
-    """The two caches as pod workers use them: a lookup for the pure code, and a short wait.
+    """The caches as pod workers use them: a lookup for the pure code, and a short wait.
 
-    ``wait_for`` lets a worker give a new pod's objects their first answer before it builds
-    the pod's containers, instead of failing them as not synced and retrying 10 s later.
+    ``lookup`` reads ConfigMaps and Secrets and, given the Services cache, is a
+    ``ClusterLookup`` that lists Services too (containers' link variables). ``wait_for``
+    lets a worker give a new pod's objects (and the Services) their first answer before it
+    builds the pod's containers, instead of failing them as not synced and retrying 10 s
+    later.
     """
 
-    def __init__(self, config_maps: ObjectCache, secrets: ObjectCache) -> None:
+    def __init__(
+        self, config_maps: ObjectCache, secrets: ObjectCache, services: ServiceCache | None = None
+    ) -> None:
         self._caches = {"ConfigMap": config_maps, "Secret": secrets}
+        self._services = services
+        self.lookup: ObjectLookup = (
+            self._read if services is None else ClusterLookup(self._read, services)
+        )
 
-    def lookup(self, kind: ObjectKind, namespace: str, name: str) -> JSON | None:
+    def _read(self, kind: ObjectKind, namespace: str, name: str) -> JSON | None:
         try:
             return self._caches[kind].get(namespace, name)
         except NotFound:
@@ -249,6 +258,9 @@ class PodObjects:
             raise ObjectUnavailable(f"cannot read {kind} {namespace}/{name}: {err}") from None
 
     async def wait_for(self, pod: Pod, *, timeout: float = SYNC_WAIT) -> None:
+        if self._services is not None and not is_static_pod(pod):
+            # Static pods never wait: they may run before the API server can answer.
+            await self._services.wait_synced(timeout)
         refs = pod_references(pod)
         namespace = pod.metadata.namespace
         for kind, names in (("ConfigMap", refs.config_maps), ("Secret", refs.secrets)):

@@ -2,9 +2,10 @@
 
 The Go sources are ``makeEnvironmentVariables`` (pkg/kubelet/kubelet_pods.go), the ``$(VAR)``
 expansion of third_party/forked/golang/expansion, the downward API helpers (pkg/fieldpath,
-pkg/api/v1/resource) and the service links of pkg/kubelet/envvars. Pure: ConfigMaps and
-Secrets come through an :data:`ObjectLookup`, services, addresses and node allocatable as
-arguments. Errors carry the Go kubelet's wording, since users read them in pod status.
+pkg/api/v1/resource) and the service links of pkg/kubelet/envvars. Pure: ConfigMaps,
+Secrets and Services come through an :data:`ObjectLookup` (Services when it is also a
+:class:`ServiceLookup`), addresses and node allocatable as arguments. Errors carry the Go
+kubelet's wording, since users read them in pod status.
 """
 
 from __future__ import annotations
@@ -16,16 +17,22 @@ from collections import ChainMap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from types import MappingProxyType
 from typing import Any, ClassVar
 
-from trio_kubelet.core.objects import ObjectKind, ObjectLookup, ObjectUnavailable, object_data
+from trio_kubelet.core.objects import (
+    ObjectKind,
+    ObjectLookup,
+    ObjectUnavailable,
+    ServiceLink,
+    ServiceLookup,
+    object_data,
+)
+from trio_kubelet.core.phase import is_static_pod
 from trio_kubelet.model.pod import Container, Pod
 from trio_kubelet.model.quantity import QuantityError, parse_quantity
 
 CREATE_CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
 
-_NO_SERVICES: Mapping[str, str] = MappingProxyType({})
 # IsEnvVarName from k8s.io/apimachinery/pkg/util/validation.
 _ENV_VAR_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
@@ -37,6 +44,8 @@ _DEFAULTED_LIMITS = ("cpu", "memory", "ephemeral-storage")
 # Field paths the API conversion accepts but the env resolver cannot answer.
 _CONVERTIBLE_ONLY = frozenset({"spec.restartPolicy", "spec.schedulerName", "status.phase"})
 _MASTER_SERVICES = frozenset({"kubernetes"})
+# Where the API server publishes the ``kubernetes`` Service (Go's --master-service-namespace).
+_MASTER_NAMESPACE = "default"
 _ENV_FROM_SOURCES: tuple[tuple[str, ObjectKind], ...] = (
     ("configMapRef", "ConfigMap"),
     ("secretRef", "Secret"),
@@ -121,7 +130,6 @@ def container_env(
     host_ip: str,
     host_ips: Sequence[str],
     node_allocatable: Mapping[str, Fraction],
-    service_env: Mapping[str, str] = _NO_SERVICES,
 ) -> list[tuple[str, str]]:
     """The container's environment: envFrom, then env (which overrides), then service links.
 
@@ -130,17 +138,19 @@ def container_env(
     in declaration order), then the service variables nobody defined, sorted. Names are
     unique; a later definition replaces the value. Raises :class:`EnvError` for anything
     that keeps the container from starting (a missing object or key that is not optional,
-    an unavailable object, an unsupported field).
+    an unavailable object, Services never listed, an unsupported field).
     """
+    service_env = pod_service_env(pod, lookup)
     objects = _Objects(lookup, pod.metadata.namespace)
     defined: dict[str, str] = {}
     for source in container.env_from:
         read = _read_env_from(source, objects)
         if read is not None:
             defined.update((k, v) for k, v in read.values.items() if _ENV_VAR_NAME.match(k))
-    resolver = _Resolver(pod, container, objects, _Addresses(pod_ip, pod_ips, host_ip, host_ips),
-                         node_allocatable)
-    known = ChainMap(defined, dict(service_env))
+    resolver = _Resolver(
+        pod, container, objects, _Addresses(pod_ip, pod_ips, host_ip, host_ips), node_allocatable
+    )
+    known = ChainMap(defined, service_env)
     for var in container.env:
         if var.value:
             # A non-empty value wins over valueFrom, and sees only what is defined so far.
@@ -176,8 +186,30 @@ def invalid_env_from_names(
     return found
 
 
+def pod_service_env(pod: Pod, lookup: ObjectLookup) -> dict[str, str]:
+    """The link variables of ``pod``'s containers, read through ``lookup``'s Services.
+
+    A lookup that lists no Services (no API server) gives none. Services never listed
+    fail a pod from the API server, which would otherwise start without
+    ``KUBERNETES_SERVICE_HOST`` for good; a static pod goes on with none, since it may
+    have to run before any API server answers.
+    """
+    if not isinstance(lookup, ServiceLookup):
+        return {}
+    namespace, linked = pod.metadata.namespace, pod.spec.enable_service_links
+    try:
+        services = list(lookup.services(_MASTER_NAMESPACE))
+        if linked and namespace != _MASTER_NAMESPACE:
+            services += lookup.services(namespace)
+    except ObjectUnavailable as err:
+        if is_static_pod(pod):
+            return {}
+        raise EnvError(str(err)) from None
+    return service_env_vars(services, namespace, linked)
+
+
 def service_env_vars(
-    services: Iterable[Mapping[str, Any]], namespace: str, enable_service_links: bool
+    services: Iterable[ServiceLink], namespace: str, enable_service_links: bool
 ) -> dict[str, str]:
     """The Docker-link style variables for the services a pod in ``namespace`` should see.
 
@@ -186,34 +218,32 @@ def service_env_vars(
     local service of the same name shadows it. Headless and ExternalName services (no
     cluster IP) give nothing.
     """
-    chosen: dict[str, Mapping[str, Any]] = {}
+    chosen: dict[str, ServiceLink] = {}
     for service in services:
-        meta, spec = _mapping(service.get("metadata")), _mapping(service.get("spec"))
-        if spec.get("clusterIP") in (None, "", "None"):
+        if service.cluster_ip in ("", "None"):
             continue
-        name = str(meta.get("name", ""))
-        if meta.get("namespace") == "default" and name in _MASTER_SERVICES:
-            chosen.setdefault(name, spec)
-        elif meta.get("namespace") == namespace and enable_service_links:
-            chosen[name] = spec
+        if service.namespace == _MASTER_NAMESPACE and service.name in _MASTER_SERVICES:
+            chosen.setdefault(service.name, service)
+        elif service.namespace == namespace and enable_service_links:
+            chosen[service.name] = service
     env: dict[str, str] = {}
     for name in sorted(chosen):
-        env.update(_service_links(name, chosen[name]))
+        env.update(_service_links(chosen[name]))
     return env
 
 
-def _service_links(name: str, spec: Mapping[str, Any]) -> dict[str, str]:
-    ports = [_mapping(port) for port in spec.get("ports") or []]
+def _service_links(service: ServiceLink) -> dict[str, str]:
+    ports = service.ports
     if not ports:
         return {}
-    prefix, ip = _env_var_name(name), str(spec["clusterIP"])
-    env = {f"{prefix}_SERVICE_HOST": ip, f"{prefix}_SERVICE_PORT": str(ports[0].get("port"))}
+    prefix, ip = _env_var_name(service.name), service.cluster_ip
+    env = {f"{prefix}_SERVICE_HOST": ip, f"{prefix}_SERVICE_PORT": str(ports[0].port)}
     for port in ports:
-        if port.get("name"):
-            env[f"{prefix}_SERVICE_PORT_{_env_var_name(str(port['name']))}"] = str(port.get("port"))
+        if port.name:
+            env[f"{prefix}_SERVICE_PORT_{_env_var_name(port.name)}"] = str(port.port)
     for index, port in enumerate(ports):
-        number = str(port.get("port"))
-        protocol = str(port.get("protocol") or "TCP")
+        number = str(port.port)
+        protocol = port.protocol or "TCP"
         host_port = f"[{ip}]:{number}" if ":" in ip else f"{ip}:{number}"
         url = f"{protocol.lower()}://{host_port}"
         if index == 0:
@@ -472,8 +502,17 @@ def _format_map(values: Mapping[str, str]) -> str:
     return "\n".join(f"{key}={_go_quote(values[key])}" for key in sorted(values))
 
 
-_GO_ESCAPES = {"\a": r"\a", "\b": r"\b", "\f": r"\f", "\n": r"\n", "\r": r"\r", "\t": r"\t",
-               "\v": r"\v", "\\": r"\\", '"': r"\""}
+_GO_ESCAPES = {
+    "\a": r"\a",
+    "\b": r"\b",
+    "\f": r"\f",
+    "\n": r"\n",
+    "\r": r"\r",
+    "\t": r"\t",
+    "\v": r"\v",
+    "\\": r"\\",
+    '"': r"\"",
+}
 
 
 def _go_quote(text: str) -> str:
