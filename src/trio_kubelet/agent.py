@@ -201,8 +201,10 @@ async def _run_cluster_tasks(
     await nursery.start(node.run)
     config_maps = ObjectCache(api, "configmaps")
     secrets = ObjectCache(api, "secrets")
+    services = ServiceCache(api)  # every Service, for containers' link variables
     await nursery.start(config_maps.run)
     await nursery.start(secrets.run)
+    await nursery.start(services.run)
     pods = APIPods(caches=(config_maps, secrets))
     ctx.objects = PodObjects(config_maps, secrets, services)
     ctx.tokens = TokenSource(api, clock.now)
@@ -250,10 +252,8 @@ def _start_recorder(
         snapshot=lambda: loop().snapshot(),
         max_bytes=options.record_max_bytes,
     )
-    services = ServiceCache(api)  # every Service, for containers' link variables
 
 
-    await nursery.start(services.run)
 def _observers(*observers: Observer | None) -> Observer | None:
     chosen = [o for o in observers if o is not None]
     if len(chosen) <= 1:
