@@ -235,6 +235,13 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
         "IP",
     ),
     ConfigFlag(
+        "--streaming-connection-idle-timeout",
+        "streamingConnectionIdleTimeout",
+        _duration,
+        "close exec/attach/port-forward sessions idle this long, 0 never",
+        "DURATION",
+    ),
+    ConfigFlag(
         "--tls-cert-file", "tlsCertFile", str, "serving certificate of the kubelet API", "FILE"
     ),
     ConfigFlag(
@@ -281,6 +288,13 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
         _int,
         "disk usage %% that starts image GC",
         "PERCENT",
+    ),
+    ConfigFlag(
+        "--resolv-conf",
+        "resolvConf",
+        str,
+        'resolver configuration pods\' DNS starts from, "" for none (default /etc/resolv.conf)',
+        "FILE",
     ),
     ConfigFlag(
         "--image-gc-low-threshold",

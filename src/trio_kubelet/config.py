@@ -85,11 +85,11 @@ GO_ONLY_FIELDS = _words(
     """enableServer volumePluginDir providerID tlsCipherSuites tlsMinVersion rotateCertificates
     serverTLSBootstrap registryPullQPS registryBurst imagePullCredentialsVerificationPolicy
     preloadedImagesVerificationAllowlist eventRecordQPS eventBurst enableDebuggingHandlers
-    enableContentionProfiling oomScoreAdj streamingConnectionIdleTimeout
+    enableContentionProfiling oomScoreAdj
     volumeStatsAggPeriod kubeletCgroups systemCgroups cpuManagerPolicy
     cpuManagerPolicyOptions singleProcessOOMKill cpuManagerReconcilePeriod
     memoryManagerPolicy topologyManagerPolicy topologyManagerScope
-    topologyManagerPolicyOptions qosReserved hairpinMode podCIDR podPidsLimit resolvConf
+    topologyManagerPolicyOptions qosReserved hairpinMode podCIDR podPidsLimit
     runOnce cpuCFSQuota cpuCFSQuotaPeriod nodeStatusMaxImages maxOpenFiles contentType
     podsPerCore enableControllerAttachDetach protectKernelDefaults makeIPTablesUtilChains
     iptablesMasqueradeBit iptablesDropBit failSwapOn memorySwap containerLogMaxWorkers
@@ -373,6 +373,8 @@ class KubeletConfiguration(_ConfigModel):
     container_runtime_endpoint: str = "unix:///run/containerd/containerd.sock"
     image_service_endpoint: str = ""
     runtime_request_timeout: Duration = 120.0
+    # An exec/attach/port-forward session that moves no data for this long is closed (0: never).
+    streaming_connection_idle_timeout: Duration = 4 * 3600.0
     pod_logs_dir: str = "/var/log/pods"
     max_pods: NonNegative = 110
     # Sysctl names (or prefixes ending in *) pods may set beyond the safe set.
@@ -392,6 +394,9 @@ class KubeletConfiguration(_ConfigModel):
     # Cluster and node status.
     cluster_domain: str = ""
     cluster_dns: list[IPAddress] = Field(default_factory=list, alias="clusterDNS")
+    # The node's resolver configuration, the base of pods' DNS; "" for none (a *string in
+    # Go: an explicit "" is kept, not defaulted).
+    resolv_conf: str = "/etc/resolv.conf"
     node_status_update_frequency: Duration = 10.0
     node_status_report_frequency: Duration = 300.0
     node_lease_duration_seconds: Annotated[int, BeforeValidator(_positive)] = 40
@@ -579,6 +584,7 @@ _PATH_FIELDS: tuple[tuple[str, ...], ...] = (
     ("tlsPrivateKeyFile",),
     ("podLogsDir",),
     ("authentication", "x509", "clientCAFile"),
+    ("resolvConf",),
 )
 
 

@@ -82,7 +82,8 @@ class Served:
 
 
 @asynccontextmanager
-async def serving(containerd, tmp_path: Path) -> AsyncIterator[Served]:
+async def serving(containerd, tmp_path: Path,
+                  config: KubeletConfiguration | None = None) -> AsyncIterator[Served]:
     """The agent running the TALK pod, and our blueprints served on an ephemeral port."""
     node_logs = tmp_path / "node-logs"
     node_logs.mkdir()
@@ -90,7 +91,8 @@ async def serving(containerd, tmp_path: Path) -> AsyncIterator[Served]:
     (tmp_path / "secret").write_text("do not serve\n")
     async with running_agent(containerd.endpoint, tmp_path) as agent, \
             open_cri_client(containerd.endpoint) as client, trio.open_nursery() as nursery:
-        view = NodeView(options=AgentOptions(config=KubeletConfiguration(), node_name=NODE),
+        view = NodeView(options=AgentOptions(config=config or KubeletConfiguration(),
+                                             node_name=NODE),
                         store=agent.store, client=client, last_relist=lambda: None,
                         last_sync_loop=lambda: None, pod_logs_dir=agent.logs,
                         node_logs_dir=node_logs)
@@ -276,6 +278,27 @@ async def test_exec_and_attach_over_websockets(containerd, tmp_path):
                     while b"attached\n" not in seen:
                         message = await ws.get_message()
                         seen += message[1:] if message[0] == 1 else b""
+
+
+async def test_an_idle_exec_session_is_closed_after_the_idle_timeout(containerd, tmp_path):
+    config = KubeletConfiguration.model_validate({"streamingConnectionIdleTimeout": "2s"})
+    with trio.fail_after(120):
+        async with serving(containerd, tmp_path, config) as served:
+            path = f"/exec/default/{POD}/main?output=1&command=sleep&command=300"
+            began = trio.current_time()
+            out, _ = await channels(served, path, ["v4.channel.k8s.io"])  # returns when closed
+            assert 2 <= trio.current_time() - began < 30
+            assert 3 not in out  # closed for idleness: sleep never exited, no status came
+
+            # Data keeps a session open past the timeout.
+            began = trio.current_time()
+            script = ("for%20i%20in%201%202%203%204%205%206%3B%20do%20echo%20$i%3B%20sleep%201%3B"
+                      "%20done")
+            out, _ = await channels(served, f"/exec/default/{POD}/main?output=1&command=sh"
+                                    f"&command=-c&command={script}", ["v4.channel.k8s.io"])
+            assert out[1] == b"1\n2\n3\n4\n5\n6\n"
+            assert json.loads(out[3])["status"] == "Success"
+            assert trio.current_time() - began >= 5
 
 
 async def test_streaming_bad_input(containerd, tmp_path, caplog):

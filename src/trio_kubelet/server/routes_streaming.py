@@ -36,6 +36,7 @@ from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.cri.runtime import v1
 from trio_kubelet.runtime.errors import CRIError, CRINotFound, CRIResourceExhausted
 from trio_kubelet.server.crilog import go_quote
+from trio_kubelet.server.idle import IdleTimer
 from trio_kubelet.server.routes_logs import runtime_id, text_error
 from trio_kubelet.server.spdy_proxy import RAW_UPGRADE, RawUpgrade, UpstreamError, dial_upgrade
 from trio_kubelet.server.view import NodeView
@@ -209,7 +210,7 @@ def _remotecommand_view(view: NodeView, kind: str) -> WebsocketView:
             url = await _remotecommand_url(view, cri_request)
         except StreamRequestError as error:
             return text_error(str(error), error.status)
-        return await _proxy(url, *protocols)
+        return await _proxy(url, *protocols, idle_timeout=_idle_timeout(view))
 
     return serve
 
@@ -225,7 +226,7 @@ def _portforward_view(view: NodeView) -> WebsocketView:
             url = await _portforward_url(view, pod, ports)
         except StreamRequestError as error:
             return text_error(str(error), error.status)
-        return await _proxy(url, *protocols)
+        return await _proxy(url, *protocols, idle_timeout=_idle_timeout(view))
 
     return serve
 
@@ -252,7 +253,7 @@ def _spdy_view(view: NodeView, kind: str) -> HTTPView:
         except StreamRequestError as error:
             return text_error(str(error), error.status)
         where = "/".join(name for name in (namespace, pod_name, container) if name)
-        return await _proxy_spdy(raw, url, f"{kind} {where}")
+        return await _proxy_spdy(raw, url, f"{kind} {where}", _idle_timeout(view))
 
     return serve
 
@@ -375,14 +376,19 @@ async def _runtime_call(call: Awaitable[T]) -> T:
 # -- the proxy ----------------------------------------------------------------------------------
 
 
-async def _proxy(url: str, client_protocol: str | None,
-                 runtime_protocol: str) -> ResponseReturnValue | None:
+def _idle_timeout(view: NodeView) -> float:
+    return view.options.config.streaming_connection_idle_timeout
+
+
+async def _proxy(url: str, client_protocol: str | None, runtime_protocol: str, *,
+                 idle_timeout: float) -> ResponseReturnValue | None:
     """Dial the runtime's streaming URL, then accept the client and pump frames both ways.
 
     Dialling first means a runtime that refuses still gets the client a real HTTP answer. The
     session ends when either side closes: the runtime's close (after it sent the exit status) is
     passed on to the client; the client going away cancels this handler, which closes the
-    runtime's connection and so ends the command's streams.
+    runtime's connection and so ends the command's streams; so does ``idle_timeout`` seconds
+    without a frame either way.
     """
     target = urlsplit(url)
     resource = target.path + (f"?{target.query}" if target.query else "")
@@ -397,7 +403,10 @@ async def _proxy(url: str, client_protocol: str | None,
         except (trio_websocket.HandshakeError, OSError) as error:
             return _unreachable(target.netloc, _describe(error))
         await websocket.accept(subprotocol=client_protocol)
-        code = await _pump(runtime, drop_close_signals=client_protocol == _V5_PROTOCOL)
+        idle = IdleTimer(idle_timeout)
+        code = await _pump(runtime, idle, drop_close_signals=client_protocol == _V5_PROTOCOL)
+        if idle.expired:
+            log.info("streaming: closing %s after %.0f s without data", target.path, idle_timeout)
         await websocket.close(code)
     return None
 
@@ -407,7 +416,8 @@ def _unreachable(where: str, reason: str) -> Response:
     return text_error(f"error dialing the runtime's streaming server: {reason}", 500)
 
 
-async def _proxy_spdy(raw: RawUpgrade, url: str, what: str) -> ResponseReturnValue:
+async def _proxy_spdy(raw: RawUpgrade, url: str, what: str,
+                      idle_timeout: float) -> ResponseReturnValue:
     """Send the client's upgrade request on to the runtime's URL; splice after its 101.
 
     A runtime that refuses (say, 403 for protocol versions it does not speak) has its answer
@@ -426,19 +436,27 @@ async def _proxy_spdy(raw: RawUpgrade, url: str, what: str) -> ResponseReturnVal
                 response.headers.add(name.decode("latin-1"), value.decode("latin-1"))
         return response
     began = trio.current_time()
-    sent, received = await raw.splice(answer)
-    log.info("%s: SPDY session ended after %.1f s (%d bytes in, %d bytes out)", what,
-             trio.current_time() - began, sent, received)
+    idle = IdleTimer(idle_timeout)
+    sent, received = await raw.splice(answer, idle)
+    log.info("%s: SPDY session ended after %.1f s (%d bytes in, %d bytes out)%s", what,
+             trio.current_time() - began, sent, received,
+             " for lack of data" if idle.expired else "")
     return current_app.response_class(status=101)
 
 
-async def _pump(runtime: trio_websocket.WebSocketConnection, *, drop_close_signals: bool) -> int:
-    """Copy frames between the client and the runtime until the runtime closes; its close code."""
+async def _pump(runtime: trio_websocket.WebSocketConnection, idle: IdleTimer, *,
+                drop_close_signals: bool) -> int:
+    """Copy frames between the client and the runtime until the runtime closes; its close code.
+
+    When ``idle`` expires the session ends with 1000 (normal closure), as a runtime's
+    own idle timeout would end it.
+    """
     code = 1000
 
     async def client_to_runtime() -> None:
         while True:
             message = await websocket.receive()
+            idle.touch()
             if drop_close_signals and isinstance(message, bytes) \
                     and message[:1] == bytes([_V5_CLOSE_CHANNEL]):
                 continue  # v4 has no way to close stdin alone
@@ -446,9 +464,12 @@ async def _pump(runtime: trio_websocket.WebSocketConnection, *, drop_close_signa
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(client_to_runtime)
+        nursery.start_soon(idle.watch, nursery.cancel_scope)
         try:
             while True:
-                await websocket.send(await runtime.get_message())
+                message = await runtime.get_message()
+                idle.touch()
+                await websocket.send(message)
         except trio_websocket.ConnectionClosed as closed:
             reason = closed.reason.code if closed.reason is not None else 1000
             code = reason if reason in (1000, 1001, 1008, 1011) else 1011

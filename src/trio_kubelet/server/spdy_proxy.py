@@ -29,6 +29,8 @@ import h11
 import trio
 from hypercorn.typing import ASGIFramework, ASGIReceiveEvent, ASGISendEvent, Scope
 
+from trio_kubelet.server.idle import IdleTimer
+
 __all__ = [
     "RAW_UPGRADE",
     "RawUpgrade",
@@ -144,7 +146,8 @@ class RawUpgrade:
         """The request's headers, names as the client spelt them."""
         return list(self._upgrade.request.headers.raw_items())
 
-    async def splice(self, answer: UpstreamAnswer) -> tuple[int, int]:
+    async def splice(self, answer: UpstreamAnswer,
+                     idle: IdleTimer | None = None) -> tuple[int, int]:
         """Pass the runtime's 101 on, then ``splice`` the two connections until either ends.
 
         ``answer`` must be a switch (``answer.stream``); both connections are closed on return.
@@ -158,7 +161,8 @@ class RawUpgrade:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             await trio.aclose_forcefully(answer.stream)
             return 0, 0
-        return await splice(self._stream, self._upgrade.early, answer.stream, answer.early)
+        return await splice(self._stream, self._upgrade.early, answer.stream, answer.early,
+                            idle=idle)
 
     async def respond(self, message: ASGISendEvent) -> None:
         """Write an ASGI ``http.response.*`` message; the connection closes after the answer."""
@@ -303,16 +307,18 @@ async def _read_answer(stream: trio.abc.Stream, connection: h11.Connection) -> U
 
 
 async def splice(client: trio.abc.Stream, client_early: bytes, runtime: trio.abc.Stream,
-                 runtime_early: bytes, *, drain: float = CLOSE_TIMEOUT) -> tuple[int, int]:
+                 runtime_early: bytes, *, drain: float = CLOSE_TIMEOUT,
+                 idle: IdleTimer | None = None) -> tuple[int, int]:
     """Copy bytes both ways, ``*_early`` first, until the session ends; then close both.
 
     It ends when the runtime stops sending (after the exit status) or either connection breaks.
     A client that only ends its sending side has that passed on when the runtime's connection
     can half-close (plain TCP, as containerd's), and still gets what the runtime sends for up to
-    ``drain`` seconds.
+    ``drain`` seconds. ``idle`` ends a session in which nothing moved for its timeout.
     Returns the bytes copied (client to runtime, runtime to client).
     """
     copied = [0, 0]
+    idle = idle if idle is not None else IdleTimer(0)
 
     async def pump(source: trio.abc.ReceiveStream, sink: trio.abc.SendStream, early: bytes,
                    index: int) -> bool:
@@ -322,6 +328,7 @@ async def splice(client: trio.abc.Stream, client_early: bytes, runtime: trio.abc
                 await sink.send_all(early)
                 copied[index] += len(early)
             while chunk := await source.receive_some(MAX_RECV):
+                idle.touch()
                 await sink.send_all(chunk)
                 copied[index] += len(chunk)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -342,6 +349,7 @@ async def splice(client: trio.abc.Stream, client_early: bytes, runtime: trio.abc
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client_to_runtime, nursery.cancel_scope)
+            nursery.start_soon(idle.watch, nursery.cancel_scope)
             await pump(runtime, client, runtime_early, 1)
             nursery.cancel_scope.cancel()
     finally:
