@@ -137,6 +137,7 @@ def test_defaults_are_the_go_kubelets() -> None:
     assert c.crash_loop_back_off.max_container_restart_period == 300
     assert (c.container_log_max_size, c.container_log_max_files) == ("10Mi", 5)
     assert c.feature_gates == {}
+    assert c.resolv_conf == "/etc/resolv.conf"
 
 
 def test_minimal_file_gives_the_defaults(tmp_path: Path) -> None:
@@ -190,6 +191,14 @@ def test_pointer_fields_keep_an_explicit_zero(tmp_path: Path) -> None:
     assert (c.healthz_port, c.kube_api_qps) == (0, 0)
 
 
+def test_an_empty_resolv_conf_means_none_and_is_kept(tmp_path: Path) -> None:
+    """resolvConf is a *string in Go: "" is "no resolver file", not "the default"."""
+    assert load_config_file(write_config(tmp_path, "resolvConf: ''\n")).resolv_conf == ""
+    assert load_config_file(write_config(tmp_path, "resolvConf:\n")).resolv_conf == (
+        "/etc/resolv.conf"
+    )
+
+
 def test_report_frequency_follows_an_explicit_update_frequency(tmp_path: Path) -> None:
     c = load_config_file(write_config(tmp_path, "nodeStatusUpdateFrequency: 20s\n"))
     assert (c.node_status_update_frequency, c.node_status_report_frequency) == (20, 20)
@@ -216,9 +225,11 @@ def test_relative_paths_are_relative_to_the_config_file(tmp_path: Path) -> None:
     path = write_config(
         tmp_path,
         "staticPodPath: manifests\ntlsCertFile: pki/kubelet.crt\n"
-        "authentication: {x509: {clientCAFile: pki/ca.crt}}\npodLogsDir: /abs/logs\n",
+        "authentication: {x509: {clientCAFile: pki/ca.crt}}\npodLogsDir: /abs/logs\n"
+        "resolvConf: etc/resolv.conf\n",
     )
     c = load_config_file(path)
+    assert c.resolv_conf == str(tmp_path / "etc/resolv.conf")
     assert c.static_pod_path == str(tmp_path / "manifests")
     assert c.tls_cert_file == str(tmp_path / "pki/kubelet.crt")
     assert c.authentication.x509.client_ca_file == str(tmp_path / "pki/ca.crt")
@@ -253,11 +264,11 @@ def test_unknown_fields_warn_by_name_and_are_ignored(
 def test_go_fields_we_do_not_implement_are_not_warned_about(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = write_config(tmp_path, "rotateCertificates: true\nresolvConf: /etc/resolv.conf\n")
+    path = write_config(tmp_path, "rotateCertificates: true\npodCIDR: 10.0.0.0/24\n")
     with caplog.at_level(logging.INFO, logger="trio_kubelet.config"):
         load_config_file(path)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert any("rotateCertificates, resolvConf" in r.getMessage() for r in caplog.records)
+    assert any("rotateCertificates, podCIDR" in r.getMessage() for r in caplog.records)
 
 
 # --- invalid files: one line, naming the field ----------------------------------------------
@@ -484,6 +495,7 @@ def test_go_style_command_line_runs_the_agent(
             "a:3",
             "--feature-gates=A=true,B=false",
             "--cluster-dns=10.0.0.10",
+            "--resolv-conf=",
             "--record",
             "out.rec",
             "--record-max-bytes=10Mi",
@@ -499,6 +511,7 @@ def test_go_style_command_line_runs_the_agent(
     assert options.config.static_pod_url_header == {"a": ["1", "3"], "b": ["2"]}
     assert options.config.feature_gates == {"A": True, "B": False}
     assert options.config.cluster_dns == ["10.0.0.10"]
+    assert options.config.resolv_conf == ""
     assert options.node_name == "node-1"
     assert options.record == Path("out.rec") and options.record_max_bytes == 10 * 2**20
     assert options.verbosity == 4 and options.log_level == logging.DEBUG
