@@ -21,6 +21,13 @@ from trio_kubelet.apiserver.tokens import TokenSource
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.config import AgentOptions
 from trio_kubelet.core.phase import rfc3339
+from trio_kubelet.core.pod_dns import (
+    CHECK_LIMITS_FOR_RESOLV_CONF,
+    DNSSettings,
+    ResolvConf,
+    parse_resolv_conf,
+    resolv_conf_problem,
+)
 from trio_kubelet.events import Event, ResyncTick
 from trio_kubelet.images.manager import ImageManager
 from trio_kubelet.kube_events import EventRecorder
@@ -70,8 +77,9 @@ RUNTIME_RETRY_MAX = 30.0
 HOUSEKEEPING_INTERVAL = 10.0
 
 
-def _node_facts(options: AgentOptions) -> NodeFacts:
-    """The node's allocatable resources and --node-ip, as containers' environments read them.
+def _node_facts(options: AgentOptions, events: EventRecorder) -> NodeFacts:
+    """The node's allocatable resources and --node-ip, as containers' environments read them,
+    and the DNS settings pods get.
 
     Read once at start-up, on the event loop: a few small files. The host IPs are the
     ones pod statuses report as hostIP(s), so env and status agree.
@@ -80,10 +88,51 @@ def _node_facts(options: AgentOptions) -> NodeFacts:
     config = options.config
     capacity = machine_capacity(machine, config.max_pods)
     allocatable = configured_allocatable(capacity, config)
+    host_ips = [ip for ip in (options.node_ip or "").split(",") if ip]
     return NodeFacts(
-        host_ips=[ip for ip in (options.node_ip or "").split(",") if ip],
+        host_ips=host_ips,
         allocatable={name: a.value for name, a in allocatable.items()},
+        dns=DNSSettings(
+            cluster_dns=tuple(config.cluster_dns),
+            cluster_domain=config.cluster_domain,
+            resolv_conf=config.resolv_conf,
+            host=_host_resolv_conf(options, events),
+            node_ips=tuple(host_ips),
+        ),
     )
+
+
+# The Go kubelet refuses to read a larger resolv.conf.
+RESOLV_CONF_MAX_BYTES = 10 * 2**20
+
+
+def _host_resolv_conf(options: AgentOptions, events: EventRecorder) -> ResolvConf:
+    """The node's resolv.conf (resolvConf), parsed once; problems are node Warning events.
+
+    A file that cannot be read leaves pods without the node's servers and search paths
+    (the Go kubelet instead fails every such pod's sandbox until it can be read).
+    """
+    path = options.config.resolv_conf
+    if not path:
+        return ResolvConf()
+    host = ResolvConf()
+    try:
+        with open(path, "rb") as file:
+            data = file.read(RESOLV_CONF_MAX_BYTES + 1)
+    except OSError as err:
+        problems = [f"cannot read resolv.conf file {path!r}: {err.strerror or err}"]
+    else:
+        if len(data) > RESOLV_CONF_MAX_BYTES:
+            problems = [f"resolv.conf file {path!r} is larger than {RESOLV_CONF_MAX_BYTES} bytes"]
+        else:
+            host, problems = parse_resolv_conf(data.decode("utf-8", "replace"))
+            problems = [f"resolv.conf file {path!r}: {problem}" for problem in problems]
+            limits = resolv_conf_problem(host, path, options.config.cluster_domain)
+            problems += [limits] if limits else []
+    for problem in problems:
+        log.warning("Pod DNS: %s", problem)
+        events.node_event(options.node_name, "Warning", CHECK_LIMITS_FOR_RESOLV_CONF, problem)
+    return host
 
 
 async def _start_qos_cgroups(
@@ -329,7 +378,7 @@ async def run_agent(
                 node_ip=(options.node_ip or "").split(",")[0],
                 runtime_name=runtime.split()[0],
                 recorder=recorder,
-                node=_node_facts(options),
+                node=_node_facts(options, events),
                 volumes=VolumeManager(options.root_dir / "pods", events=events),
             )
             send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)

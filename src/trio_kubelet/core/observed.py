@@ -36,6 +36,8 @@ class RuntimeContainer:
     exit_code: int = 0
     reason: str = ""
     message: str = ""
+    # What an exited container left in its terminationMessagePath (or its log's tail).
+    termination_message: str = ""
     created_at: float = 0.0
     started_at: float = 0.0
     finished_at: float = 0.0
@@ -91,6 +93,30 @@ class RuntimePodStatus:
     def ip(self) -> str:
         """The pod IP of the newest sandbox ("" for host network or none)."""
         return self.sandboxes[0].ip if self.sandboxes else ""
+
+
+# How much of a container's termination message the kubelet keeps (kubecontainer's limits):
+# the end of the file, or with FallbackToLogsOnError the last lines of its log.
+MAX_TERMINATION_MESSAGE_BYTES = 4096
+MAX_TERMINATION_LOG_BYTES = 2048
+MAX_TERMINATION_LOG_LINES = 80
+FALLBACK_TO_LOGS_ON_ERROR = "FallbackToLogsOnError"
+# containerd's reason for a container whose process never started: it has no log to read.
+CONTAINER_CANNOT_RUN = "ContainerCannotRun"
+
+
+def wants_log_tail(policy: str, exit_code: int, reason: str, file_message: str) -> bool:
+    """Whether an exited container's message comes from its log rather than its file.
+
+    Only with FallbackToLogsOnError, only for a failure (a non-zero exit of a process
+    that ran), and only when the container wrote no message of its own.
+    """
+    return (
+        policy == FALLBACK_TO_LOGS_ON_ERROR
+        and exit_code != 0
+        and reason != CONTAINER_CANNOT_RUN
+        and not file_message
+    )
 
 
 class ProbeResult(enum.Enum):

@@ -50,6 +50,8 @@ KUBELET_CONDITIONS = frozenset(
 CONTAINER_CREATING = "ContainerCreating"
 POD_INITIALIZING = "PodInitializing"
 STATUS_UNKNOWN_REASON = "ContainerStatusUnknown"
+# What all the terminated messages of one pod's status may add up to (kubecontainer).
+MAX_POD_TERMINATION_MESSAGE_BYTES = 12 * 1024
 
 _NO_ERRORS: Mapping[str, tuple[str, str]] = MappingProxyType({})
 _NO_RESULTS: Mapping[str, ProbeResult] = MappingProxyType({})
@@ -221,7 +223,7 @@ def _runtime_state(
         terminated = ContainerStateTerminated(
             exit_code=instance.exit_code,
             reason=instance.reason or None,
-            message=instance.message or None,
+            message=exit_message(ctx.pod, instance) or None,
             started_at=_time_or_none(instance.started_at),
             finished_at=_time_or_none(instance.finished_at),
             container_id=container_id,
@@ -238,6 +240,24 @@ def _runtime_state(
         return ContainerState(terminated=lost), old.restart_count + 1
     reason = CONTAINER_CREATING if state is RuntimeState.CREATED else None
     return ContainerState(waiting=ContainerStateWaiting(reason=reason)), instance.restart_count
+
+
+def exit_message(pod: Pod, instance: RuntimeContainer) -> str:
+    """The terminated state's message: the runtime's, then what the container left.
+
+    Like the Go status manager, a pod's messages share 12 KiB between its init and
+    regular containers: each keeps the start of its message, up to its share.
+    """
+    message = instance.message
+    left = instance.termination_message
+    if left:
+        message = f"{message}: {left}" if message else left
+    containers = len(pod.spec.containers) + len(pod.spec.init_containers)
+    share = MAX_POD_TERMINATION_MESSAGE_BYTES // max(1, containers)
+    raw = message.encode()
+    if len(raw) <= share:
+        return message
+    return raw[:share].decode(errors="ignore")  # never half a character
 
 
 def _status_from_instances(

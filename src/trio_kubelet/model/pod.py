@@ -7,10 +7,11 @@ applies, so a static manifest means the same here as it would on a cluster.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from trio_kubelet.model.base import KubeModel
 from trio_kubelet.model.quantity import QuantityError, parse_quantity
@@ -24,9 +25,40 @@ _DNS1123_SUBDOMAIN = re.compile(
 )
 
 
+# The API server's limits on a pod's dnsConfig (pkg/apis/core/validation).
+MAX_DNS_NAMESERVERS = 3
+MAX_DNS_SEARCH_PATHS = 32
+MAX_DNS_SEARCH_LIST_CHARS = 2048
+# Search paths may hold underscores (relaxed DNS search validation, GA in Kubernetes 1.34).
+_DNS_SEARCH_PATH = re.compile(
+    r"^[a-z0-9_]([-a-z0-9_]*[a-z0-9_])?(\.[a-z0-9_]([-a-z0-9_]*[a-z0-9_])?)*$"
+)
+
+
 def _check_dns_label(value: str, what: str) -> str:
     if len(value) > 63 or not _DNS1123_LABEL.match(value):
         raise ValueError(f"{what} {value!r} must be a lowercase RFC 1123 label (a-z, 0-9, '-')")
+    return value
+
+
+def _check_dns_subdomain(value: str, what: str) -> str:
+    if len(value) > 253 or not _DNS1123_SUBDOMAIN.match(value):
+        raise ValueError(f"{what} {value!r} must be a lowercase RFC 1123 subdomain")
+    return value
+
+
+def _check_ip(value: str, what: str) -> str:
+    """Go's IsValidIP: a plain IPv4 or IPv6 address (no zone, no prefix length)."""
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        valid = False
+    else:
+        valid = "%" not in value
+    if not valid:
+        raise ValueError(
+            f"{what} {value!r} must be a valid IP address, e.g. 10.9.8.7 or 2001:db8::1"
+        )
     return value
 
 
@@ -245,6 +277,70 @@ def default_pull_policy(image: str) -> PullPolicy:
     return "Always" if tag in (None, "latest") else "IfNotPresent"
 
 
+class HostAlias(KubeModel):
+    """Names the pod's /etc/hosts gives to one IP address."""
+
+    ip: str = Field(default="", validate_default=True)
+    hostnames: list[str] = Field(default_factory=list)
+
+    @field_validator("ip")
+    @classmethod
+    def _valid_ip(cls, value: str) -> str:
+        return _check_ip(value, "IP")
+
+    @field_validator("hostnames")
+    @classmethod
+    def _valid_hostnames(cls, values: list[str]) -> list[str]:
+        for index, name in enumerate(values):
+            _check_dns_subdomain(name, f"[{index}]: hostname")
+        return values
+
+
+class PodDNSConfigOption(KubeModel):
+    name: str = Field(default="", validate_default=True)
+    value: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name_required(cls, value: str) -> str:
+        if not value:
+            raise ValueError("required value: a resolver option must have a name")
+        return value
+
+
+class PodDNSConfig(KubeModel):
+    """Resolver settings the pod adds to (or, with dnsPolicy None, uses instead of) the node's."""
+
+    nameservers: list[str] = Field(default_factory=list)
+    searches: list[str] = Field(default_factory=list)
+    options: list[PodDNSConfigOption] = Field(default_factory=list)
+
+    @field_validator("nameservers")
+    @classmethod
+    def _valid_nameservers(cls, values: list[str]) -> list[str]:
+        if len(values) > MAX_DNS_NAMESERVERS:
+            raise ValueError(f"must not have more than {MAX_DNS_NAMESERVERS} nameservers")
+        for index, server in enumerate(values):
+            _check_ip(server, f"[{index}]: nameserver")
+        return values
+
+    @field_validator("searches")
+    @classmethod
+    def _valid_searches(cls, values: list[str]) -> list[str]:
+        if len(values) > MAX_DNS_SEARCH_PATHS:
+            raise ValueError(f"must not have more than {MAX_DNS_SEARCH_PATHS} search paths")
+        if len(" ".join(values)) > MAX_DNS_SEARCH_LIST_CHARS:
+            raise ValueError(
+                f"must not have more than {MAX_DNS_SEARCH_LIST_CHARS} characters "
+                "(spaces included) in the search list"
+            )
+        for index, search in enumerate(values):
+            name = search.removesuffix(".")
+            if search != "." and (len(name) > 253 or not _DNS_SEARCH_PATH.match(name)):
+                raise ValueError(f"[{index}]: search path {search!r} must be a DNS subdomain")
+        return values
+
+
 class PodSpec(KubeModel):
     containers: list[Container]
     init_containers: list[Container] = Field(default_factory=list)
@@ -261,6 +357,8 @@ class PodSpec(KubeModel):
     dns_policy: Literal["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"] = (
         "ClusterFirst"
     )
+    dns_config: PodDNSConfig | None = None
+    host_aliases: list[HostAlias] = Field(default_factory=list)
     security_context: PodSecurityContext = Field(default_factory=PodSecurityContext)
     volumes: list[Volume] = Field(default_factory=list)
     service_account_name: str | None = None
@@ -270,10 +368,25 @@ class PodSpec(KubeModel):
     scheduler_name: str = "default-scheduler"
     runtime_class_name: str | None = None
 
+    @field_validator("hostname", "subdomain")
+    @classmethod
+    def _dns_labels(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value:  # "" is the same as unset
+            _check_dns_label(value, str(info.field_name))
+        return value
+
     @model_validator(mode="after")
     def _validate(self) -> PodSpec:
         if not self.containers:
             raise ValueError("containers: at least one container is required")
+        if self.dns_policy == "None":
+            if self.dns_config is None:
+                raise ValueError('dnsConfig: required value when dnsPolicy is "None"')
+            if not self.dns_config.nameservers:
+                raise ValueError(
+                    "dnsConfig.nameservers: at least one nameserver is required when "
+                    'dnsPolicy is "None"'
+                )
         seen: dict[str, str] = {}
         for field, group in (
             ("initContainers", self.init_containers),

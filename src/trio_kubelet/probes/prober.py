@@ -9,6 +9,7 @@ HTTP and exec runners serve the lifecycle hooks.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import httpx
@@ -62,9 +63,9 @@ def http_url(action: HTTPGetAction, host: str, port: int) -> str:
     return f"{action.scheme.lower()}://{host}:{port}{path}"
 
 
-def http_headers(action: HTTPGetAction) -> dict[str, str]:
+def http_headers(action: HTTPGetAction, user_agent: str = USER_AGENT) -> dict[str, str]:
     """The user's headers over the prober's defaults (User-Agent, Accept)."""
-    headers = {"User-Agent": USER_AGENT, "Accept": "*/*"}
+    headers = {"User-Agent": user_agent, "Accept": "*/*"}
     for header in action.http_headers:
         for existing in [k for k in headers if k.lower() == header.name.lower()]:
             del headers[existing]
@@ -72,15 +73,88 @@ def http_headers(action: HTTPGetAction) -> dict[str, str]:
     return headers
 
 
+def node_http_client() -> httpx.AsyncClient:
+    """The client probes and hooks use: no pooled connections, no certificate checks, no
+    timeout of its own (callers bound the request), redirects left to `get_within_host`.
+
+    A stale pooled connection would fail a healthy container; Go verifies nothing either.
+    """
+    limits = httpx.Limits(max_keepalive_connections=0)
+    return httpx.AsyncClient(verify=False, limits=limits, follow_redirects=False, timeout=None)
+
+
+class RedirectLimitError(Exception):
+    """More redirects than Go's HTTP client follows."""
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPAnswer:
+    """The response that ended a GET: status, start of body, and whether a redirect to
+    another host stopped it there."""
+
+    status_code: int
+    body: str
+    left_host: bool = False
+
+
+async def get_within_host(
+    http: httpx.AsyncClient, url: str, headers: Mapping[str, str]
+) -> HTTPAnswer:
+    """GET ``url``, following redirects only while they stay on its host.
+
+    Raises ``httpx.HTTPError``, or ``RedirectLimitError`` after 10 redirects.
+    """
+    host = httpx.URL(url).host
+    for _ in range(MAX_REDIRECTS + 1):
+        response = await http.get(url, headers=dict(headers))
+        body = (await response.aread())[:MAX_BODY].decode(errors="replace")
+        location = response.headers.get("location")
+        if not response.is_redirect or location is None:
+            return HTTPAnswer(response.status_code, body)
+        target = response.url.join(location)
+        if target.host != host:
+            return HTTPAnswer(response.status_code, body, left_host=True)
+        url = str(target)
+    raise RedirectLimitError(f"stopped after {MAX_REDIRECTS} redirects")
+
+
+@dataclass(frozen=True, slots=True)
+class ExecAnswer:
+    """How a command run in a container ended: exit code (None: timed out) and output."""
+
+    exit_code: int | None
+    output: str
+
+
+async def exec_in_container(
+    cri: CRIClient, container_id: str, command: list[str], timeout: float
+) -> ExecAnswer:
+    """ExecSync ``command`` (``timeout`` 0: unbounded); ``ProbeError`` when it cannot run."""
+    try:
+        reply = await cri.exec_sync(container_id, command, timeout)
+    except CRIDeadlineExceeded:
+        return ExecAnswer(None, "")
+    except CRIError as err:
+        if "timeout" in err.message and "exceeded" in err.message:
+            return ExecAnswer(None, "")
+        raise ProbeError(str(err)) from err
+    return ExecAnswer(reply.exit_code, (reply.stdout + reply.stderr).decode(errors="replace"))
+
+
+def request_url(err: httpx.HTTPError, fallback: str) -> str:
+    """The URL of the request that failed (a redirect's target, say), for the message."""
+    try:
+        return str(err.request.url)
+    except RuntimeError:  # an error raised outside any request
+        return fallback
+
+
 class Prober:
-    """Runs probes; one per agent, sharing its HTTP clients (without keep-alive, as Go)."""
+    """Runs probes; one per agent, sharing its HTTP client."""
 
     def __init__(self, client: CRIClient) -> None:
         self._cri = client
-        # Probes never reuse connections (a stale pooled one would fail a healthy container)
-        # and never verify certificates, as the Go prober.
-        limits = httpx.Limits(max_keepalive_connections=0)
-        self._http = httpx.AsyncClient(verify=False, limits=limits, follow_redirects=False)
+        self._http = node_http_client()
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -101,18 +175,12 @@ class Prober:
 
     async def exec(self, container_id: str, command: list[str], timeout: float) -> ProbeOutcome:
         """ExecSync in the container: exit code 0 succeeds; a timeout fails (ExecProbeTimeout)."""
-        try:
-            reply = await self._cri.exec_sync(container_id, command, timeout)
-        except CRIDeadlineExceeded:
+        answer = await exec_in_container(self._cri, container_id, command, timeout)
+        if answer.exit_code is None:
             return ProbeOutcome(ProbeResult.FAILURE, f"command {command!r} timed out")
-        except CRIError as err:
-            if "timeout" in err.message and "exceeded" in err.message:
-                return ProbeOutcome(ProbeResult.FAILURE, f"command {command!r} timed out")
-            raise ProbeError(str(err)) from err
-        output = (reply.stdout + reply.stderr).decode(errors="replace")
-        if reply.exit_code == 0:
-            return ProbeOutcome(ProbeResult.SUCCESS, output)
-        return ProbeOutcome(ProbeResult.FAILURE, output or f"exit code {reply.exit_code}")
+        if answer.exit_code == 0:
+            return ProbeOutcome(ProbeResult.SUCCESS, answer.output)
+        return ProbeOutcome(ProbeResult.FAILURE, answer.output or f"exit code {answer.exit_code}")
 
     async def http_get(
         self, action: HTTPGetAction, container: Container, pod_ip: str, timeout: float
@@ -120,32 +188,26 @@ class Prober:
         """GET the URL: 200-399 succeeds; redirects are followed only within the same host."""
         port = resolve_port(action.port, container)
         url = http_url(action, action.host or pod_ip, port)
-        headers = http_headers(action)
-        host = httpx.URL(url).host
         try:
             with trio.fail_after(timeout):
-                for _ in range(MAX_REDIRECTS + 1):
-                    response = await self._http.get(url, headers=headers)
-                    body = (await response.aread())[:MAX_BODY].decode(errors="replace")
-                    location = response.headers.get("location")
-                    if not response.is_redirect or location is None:
-                        break
-                    target = response.url.join(location)
-                    if target.host != host:
-                        # Go stops at a redirect to another host and reports a warning: success.
-                        return ProbeOutcome(ProbeResult.SUCCESS,
-                                            f"Probe terminated redirects, Response body: {body}")
-                    url = str(target)
-                else:
-                    return ProbeOutcome(ProbeResult.FAILURE, "stopped after 10 redirects")
+                answer = await get_within_host(self._http, url, http_headers(action))
         except trio.TooSlowError:
             return ProbeOutcome(ProbeResult.FAILURE, f'Get "{url}": timeout after {timeout:g}s')
+        except RedirectLimitError as err:
+            return ProbeOutcome(ProbeResult.FAILURE, str(err))
         except httpx.HTTPError as err:
-            return ProbeOutcome(ProbeResult.FAILURE, f'Get "{url}": {err or type(err).__name__}')
-        if 200 <= response.status_code < 400:
-            return ProbeOutcome(ProbeResult.SUCCESS, body)
+            return ProbeOutcome(
+                ProbeResult.FAILURE, f'Get "{request_url(err, url)}": {err or type(err).__name__}'
+            )
+        if answer.left_host:
+            # Go stops at a redirect to another host and reports a warning: success.
+            return ProbeOutcome(
+                ProbeResult.SUCCESS, f"Probe terminated redirects, Response body: {answer.body}"
+            )
+        if 200 <= answer.status_code < 400:
+            return ProbeOutcome(ProbeResult.SUCCESS, answer.body)
         return ProbeOutcome(
-            ProbeResult.FAILURE, f"HTTP probe failed with statuscode: {response.status_code}"
+            ProbeResult.FAILURE, f"HTTP probe failed with statuscode: {answer.status_code}"
         )
 
     async def tcp_socket(

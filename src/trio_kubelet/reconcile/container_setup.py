@@ -1,9 +1,10 @@
 """A container's CRI config with what its spec only refers to (``generateContainerConfig``).
 
 Its environment (``core.env``: values, fields, resources, ConfigMaps and Secrets), its
-command and args with ``$(VAR)`` expanded, and the checks the Go kubelet makes at
-this point (runAsNonRoot against the image's user). A failure is the container's
-``CreateContainerConfigError`` with the precise reason; other containers go on.
+command and args with ``$(VAR)`` expanded, its mounts (volumes, the pod's /etc/hosts,
+the termination log), and the checks the Go kubelet makes at this point (runAsNonRoot
+against the image's user). A failure is the container's ``CreateContainerConfigError``
+with the precise reason; other containers go on.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from trio_kubelet.core.env import (
     invalid_env_from_names,
 )
 from trio_kubelet.core.objects import ObjectLookup
+from trio_kubelet.core.pod_dns import DNSSettings
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.model.pod import Container, Pod
 from trio_kubelet.runtime import configs
@@ -32,6 +34,7 @@ from trio_kubelet.runtime.security import (
     verify_run_as_non_root,
 )
 from trio_kubelet.volumes import VolumeError, container_mounts, termination_log_mount
+from trio_kubelet.volumes.mounts import etc_hosts_mount
 
 
 class ContainerConfigError(Exception):
@@ -46,10 +49,15 @@ class ContainerConfigError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class NodeFacts:
-    """What the environment reads of the node: its IPs and allocatable resources."""
+    """What a pod reads of the node: its IPs and allocatable resources (the environment),
+    its DNS settings (the sandbox's resolv.conf, the cluster domain in /etc/hosts).
+
+    ``dns`` None leaves resolv.conf to the runtime (tests, replay).
+    """
 
     host_ips: Sequence[str] = ()
     allocatable: Mapping[str, Fraction] | None = None
+    dns: DNSSettings | None = None
 
 
 async def prepare_container(
@@ -83,8 +91,18 @@ async def prepare_container(
         command, args = expand_command(container, envs)
         mounts: list[cri.Mount] = []
         if pod_dir is not None:
-            mounts = container_mounts(pod, container, volume_paths or {}, dict(envs),
-                                      pod_dir=pod_dir)
+            mounts = container_mounts(
+                pod, container, volume_paths or {}, dict(envs), pod_dir=pod_dir
+            )
+            hosts = etc_hosts_mount(
+                pod_dir,
+                pod,
+                container,
+                pod_ips,
+                cluster_domain=node.dns.cluster_domain if node.dns is not None else "",
+            )
+            if hosts is not None:
+                mounts.append(hosts)
             termination_log = termination_log_mount(pod_dir, container)
             if termination_log is not None:
                 mounts.append(termination_log)

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import math
 import shutil
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -29,20 +29,27 @@ from trio_kubelet.core.backoff import (
     crash_loop_message,
     gate_container_start,
 )
-from trio_kubelet.core.grace import kill_grace_period
+from trio_kubelet.core.grace import (
+    at_least_minimum,
+    remaining_grace,
+    termination_grace_period,
+    termination_prerequisites,
+)
 from trio_kubelet.core.objects import no_objects
 from trio_kubelet.core.observed import ContainerState, RuntimePodStatus, SandboxState
 from trio_kubelet.core.phase import compute_pod_status
+from trio_kubelet.core.pod_dns import MISSING_CLUSTER_DNS, MISSING_CLUSTER_DNS_MESSAGE, pod_dns
 from trio_kubelet.core.probes import ProbeType
 from trio_kubelet.images.manager import ImageError, ImageManager
 from trio_kubelet.kube_events import EventRecorder, pod_ref
-from trio_kubelet.model.pod import Container, Pod, PodStatus, is_sidecar
+from trio_kubelet.model.pod import Container, LifecycleHandler, Pod, PodStatus, is_sidecar
 from trio_kubelet.probes.results import ProbeResults
 from trio_kubelet.reconcile.container_setup import (
     ContainerConfigError,
     NodeFacts,
     prepare_container,
 )
+from trio_kubelet.reconcile.hooks import run_hook
 from trio_kubelet.replay.codec import actions_to_json, observed_to_json, probe_results_to_json
 from trio_kubelet.replay.recorder import Recorder
 from trio_kubelet.replay.records import (
@@ -56,7 +63,7 @@ from trio_kubelet.runtime import configs
 from trio_kubelet.runtime.client import CRIClient
 from trio_kubelet.runtime.cri.runtime import v1 as cri
 from trio_kubelet.runtime.errors import CRIError
-from trio_kubelet.runtime.inspect import detailed_sandbox, inspect_pod
+from trio_kubelet.runtime.inspect import TerminationMessages, detailed_sandbox, inspect_pod
 from trio_kubelet.status.store import PodStatusStore
 from trio_kubelet.volumes import VolumeError, VolumeManager
 
@@ -66,6 +73,8 @@ log = logging.getLogger("trio_kubelet.workers")
 SYNC_ERROR_RETRY = 10.0
 # Grace for killing containers of a pod the agent no longer knows the spec of.
 ORPHAN_GRACE = 2
+# The kill reason (and Killing event message) after a failed postStart hook, as Go's.
+REASON_FAILED_POST_START_HOOK = "FailedPostStartHook"
 
 
 @dataclass
@@ -119,6 +128,7 @@ class PodWorker:
         self._wake_send, self._wake_recv = trio.open_memory_channel[None](1)
         self._backoff = Backoff()
         self._status: PodStatus | None = None
+        self._messages = TerminationMessages()  # exited containers' messages, read once
         self.rejection: Rejection | None = None  # set once at admission; the pod never runs
 
     @property
@@ -192,7 +202,7 @@ class PodWorker:
 
     async def _sync_spec(self, pod: Pod, spec_seq: int) -> float:
         ctx = self._ctx
-        runtime = await inspect_pod(ctx.client, self.uid)
+        runtime = await inspect_pod(ctx.client, self.uid, pod=pod, messages=self._messages)
         t = trio.current_time()
         result = _SyncResult(now=ctx.clock.now())
         # As the Go kubelet: publish what is observed before acting, so a long kill
@@ -211,7 +221,7 @@ class PodWorker:
             )
         self._errors = result.errors
         if changed:
-            runtime = await inspect_pod(ctx.client, self.uid)
+            runtime = await inspect_pod(ctx.client, self.uid, pod=pod, messages=self._messages)
         self._publish(pod, runtime, ctx.clock.now(), result.errors)
         return result.requeue_at
 
@@ -346,9 +356,24 @@ class PodWorker:
         return detailed_sandbox(response.status).ips
 
     def _sandbox_config(self, pod: Pod, attempt: int) -> cri.PodSandboxConfig:
-        qos = self._ctx.qos
+        """The pod's CRI sandbox config; its DNS warnings are events, at every call as in Go."""
+        ctx = self._ctx
+        qos = ctx.qos
         parent = qos.cgroup_parent(pod) if qos is not None else ""
-        return configs.sandbox_config(pod, attempt, self._ctx.pod_logs_dir, cgroup_parent=parent)
+        dns = pod_dns(pod, ctx.node.dns) if ctx.node.dns is not None else None
+        for warning in dns.warnings if dns is not None else ():
+            ctx.events.pod_event(pod, "Warning", warning.reason, warning.message)
+            if warning.reason == MISSING_CLUSTER_DNS:
+                ctx.events.node_event(
+                    ctx.events.node_name, "Warning", warning.reason, MISSING_CLUSTER_DNS_MESSAGE
+                )
+        return configs.sandbox_config(
+            pod,
+            attempt,
+            ctx.pod_logs_dir,
+            cgroup_parent=parent,
+            dns=dns.config if dns is not None else None,
+        )
 
     async def _create_sandbox(self, pod: Pod, attempt: int, result: _SyncResult) -> str:
         config = self._sandbox_config(pod, attempt)
@@ -493,7 +518,56 @@ class PodWorker:
         )
         message = f"Started container {container.name}"
         ctx.events.pod_event(pod, "Normal", "Started", message, container.name, logged=True)
+        post_start = container.lifecycle.post_start if container.lifecycle else None
+        if post_start is not None:
+            pod_ip = pod_ips[0] if pod_ips else ""
+            await self._post_start(pod, container, container_id, post_start, pod_ip, result)
         return True
+
+    async def _post_start(
+        self,
+        pod: Pod,
+        container: Container,
+        container_id: str,
+        hook: LifecycleHandler,
+        pod_ip: str,
+        result: _SyncResult,
+    ) -> None:
+        """Run the postStart hook; the start is not done until it is (Go blocks too).
+
+        A failed hook kills the instance, and the restart policy treats it as any exit.
+        """
+        ctx = self._ctx
+        failure = await run_hook(ctx.client, hook, pod, container, container_id, pod_ip)
+        if failure is None:
+            return
+        log.warning(
+            "postStart hook of container %s of pod %s (%s) failed: %s",
+            container.name,
+            pod.full_name,
+            self.uid,
+            failure,
+        )
+        # As Go, the event leaves the hook's output out: it may hold secrets.
+        ctx.events.pod_event(
+            pod,
+            "Warning",
+            "FailedPostStartHook",
+            "PostStartHook failed",
+            container.name,
+            logged=True,
+        )
+        await self._kill_container(
+            pod,
+            container_id,
+            container.name,
+            container,
+            reason=REASON_FAILED_POST_START_HOOK,
+            message=REASON_FAILED_POST_START_HOOK,
+            pod_ip=pod_ip,
+        )
+        result.errors[container.name] = ("PostStartHookError", failure)
+        result.retry_in(SYNC_ERROR_RETRY)
 
     # -- killing ----------------------------------------------------------------------------
 
@@ -501,53 +575,149 @@ class PodWorker:
         self, pod: Pod, runtime: RuntimePodStatus, actions: PodActions
     ) -> None:
         specs = _specs_by_name(pod)
+        pod_ip = self._pod_ip(pod, runtime)
         async with trio.open_nursery() as nursery:
             for container_id, kill in actions.containers_to_kill.items():
-                grace = kill_grace_period(pod, specs.get(kill.name), kill.reason)
-                log.info(
-                    "Killing container %s of pod %s (%s) with %ds grace: %s",
-                    kill.name,
-                    pod.full_name,
-                    self.uid,
-                    grace,
-                    kill.message or kill.reason,
+                nursery.start_soon(
+                    partial(
+                        self._kill_container,
+                        pod,
+                        container_id,
+                        kill.name,
+                        specs.get(kill.name),
+                        reason=kill.reason,
+                        message=kill.message,
+                        pod_ip=pod_ip,
+                    )
                 )
-                message = kill.message or f"Stopping container {kill.name}"
-                self._ctx.events.pod_event(
-                    pod, "Normal", "Killing", message, kill.name, logged=True
-                )
-                nursery.start_soon(self._stop_container, container_id, grace)
 
     async def _kill_pod(self, pod: Pod | None, runtime: RuntimePodStatus) -> None:
-        """Stop every running container, regular ones first, then sidecars in reverse order.
+        """Stop every running container at once, then the sandboxes.
 
-        Sidecars outlive the containers they serve; each waits for the ones declared
-        after it, within what is left of the pod's grace period.
+        Each container runs its preStop hook first. Sidecars outlive the containers they
+        serve: each then waits for the regular containers and the sidecars declared
+        after it, within what is left of its grace period.
         """
         running = [c for c in runtime.containers if c.state is ContainerState.RUNNING]
-        if pod is not None:
-            for container in running:
-                message = f"Stopping container {container.name}"
-                self._ctx.events.pod_event(pod, "Normal", "Killing", message, container.name)
-        sidecar_order = [c.name for c in pod.spec.init_containers if is_sidecar(c)] if pod else []
-        specs = _specs_by_name(pod) if pod else {}
-        first = [c for c in running if c.name not in sidecar_order]
-        grace_total = kill_grace_period(pod, None, "") if pod is not None else ORPHAN_GRACE
-        deadline = trio.current_time() + grace_total
         async with trio.open_nursery() as nursery:
-            for container in first:
-                grace = (
-                    kill_grace_period(pod, specs.get(container.name), "") if pod else grace_total
-                )
-                nursery.start_soon(self._stop_container, container.id, grace)
-        for name in reversed(sidecar_order):
-            for container in running:
-                if container.name == name:
-                    remaining = max(2, math.ceil(deadline - trio.current_time()))
-                    await self._stop_container(container.id, remaining)
+            if pod is None:
+                for container in running:
+                    nursery.start_soon(self._stop_container, container.id, ORPHAN_GRACE)
+            else:
+                specs = _specs_by_name(pod)
+                pod_ip = self._pod_ip(pod, runtime)
+                stopped = {c.name: trio.Event() for c in running}
+                order = termination_prerequisites(pod, stopped.keys())
+                for container in running:
+                    before = [stopped[name] for name in order.get(container.name, ())]
+                    nursery.start_soon(
+                        partial(
+                            self._kill_container,
+                            pod,
+                            container.id,
+                            container.name,
+                            specs.get(container.name),
+                            pod_ip=pod_ip,
+                            turn=partial(_all_set, before) if before else None,
+                            done=stopped[container.name],
+                        )
+                    )
         for sandbox in runtime.sandboxes:
             if sandbox.state is SandboxState.READY:
                 await self._ctx.client.stop_pod_sandbox(sandbox.id)
+
+    async def _kill_container(
+        self,
+        pod: Pod,
+        container_id: str,
+        name: str,
+        spec: Container | None,
+        *,
+        pod_ip: str,
+        reason: str = "",
+        message: str = "",
+        turn: Callable[[], Awaitable[None]] | None = None,
+        done: trio.Event | None = None,
+    ) -> None:
+        """killContainer: the Killing event, the preStop hook, the container's turn (a
+        sidecar), then StopContainer with what is left of the grace period (at least 2 s)."""
+        grace = termination_grace_period(pod, spec, reason)
+        log.info(
+            "Killing container %s of pod %s (%s) with %ds grace: %s",
+            name,
+            pod.full_name,
+            self.uid,
+            grace,
+            message or reason or "the pod is stopping",
+        )
+        self._ctx.events.pod_event(
+            pod, "Normal", "Killing", message or f"Stopping container {name}", name, logged=True
+        )
+        try:
+            hook = spec.lifecycle.pre_stop if spec is not None and spec.lifecycle else None
+            if hook is not None and spec is not None and grace > 0:
+                waited = await self._pre_stop(pod, spec, container_id, hook, grace, pod_ip)
+                grace = remaining_grace(grace, waited)
+            if turn is not None and grace > 0:
+                started = trio.current_time()
+                with trio.move_on_after(grace):
+                    await turn()
+                grace = remaining_grace(grace, trio.current_time() - started)
+            await self._stop_container(container_id, at_least_minimum(grace))
+        finally:
+            if done is not None:
+                done.set()
+
+    async def _pre_stop(
+        self,
+        pod: Pod,
+        container: Container,
+        container_id: str,
+        hook: LifecycleHandler,
+        grace: int,
+        pod_ip: str,
+    ) -> float:
+        """Run the preStop hook for at most ``grace`` seconds; return how long it ran.
+
+        A failure is reported and the kill goes on, as does one that runs out of time.
+        """
+        ctx = self._ctx
+        started = trio.current_time()
+        failure = None
+        with trio.move_on_after(grace) as bounded:
+            failure = await run_hook(ctx.client, hook, pod, container, container_id, pod_ip)
+        if bounded.cancelled_caught:
+            log.info(
+                "preStop hook of container %s of pod %s (%s) did not end within %ds",
+                container.name,
+                pod.full_name,
+                self.uid,
+                grace,
+            )
+        elif failure is not None:
+            log.warning(
+                "preStop hook of container %s of pod %s (%s) failed: %s",
+                container.name,
+                pod.full_name,
+                self.uid,
+                failure,
+            )
+            # As Go, the event leaves the hook's output out: it may hold secrets.
+            ctx.events.pod_event(
+                pod,
+                "Warning",
+                "FailedPreStopHook",
+                "PreStopHook failed",
+                container.name,
+                logged=True,
+            )
+        return trio.current_time() - started
+
+    def _pod_ip(self, pod: Pod, runtime: RuntimePodStatus) -> str:
+        """Where an httpGet hook without a host goes: the pod IP (the node's, host network)."""
+        if pod.spec.host_network:
+            return self._ctx.node.host_ips[0] if self._ctx.node.host_ips else ""
+        return runtime.ip
 
     async def _stop_container(self, container_id: str, grace: int) -> None:
         await self._ctx.client.stop_container(container_id, timeout=grace)
@@ -651,6 +821,11 @@ def _specs_by_name(pod: Pod | None) -> dict[str, Container]:
         for group in (spec.init_containers, spec.containers, spec.ephemeral_containers)
         for c in group
     }
+
+
+async def _all_set(events: list[trio.Event]) -> None:
+    for event in events:
+        await event.wait()
 
 
 def _pod_name(pod: Pod | None, uid: str) -> str:

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trio_kubelet.core.hashing import container_hash
+from trio_kubelet.core.pod_dns import ResolvConf
+from trio_kubelet.core.pod_hostname import pod_hostname
 from trio_kubelet.core.resources import linux_resources
 from trio_kubelet.model.pod import Container, Pod
 from trio_kubelet.runtime import labels, security
@@ -29,13 +31,22 @@ def sandbox_hostname(pod: Pod) -> str:
     """The pod's hostname: empty with host network (the runtime needs its own UTS namespace)."""
     if pod.spec.host_network:
         return ""
-    return (pod.spec.hostname or pod.metadata.name)[:63].rstrip("-.")
+    return pod_hostname(pod)
 
 
 def sandbox_config(
-    pod: Pod, attempt: int, pod_logs_dir: Path, *, cgroup_parent: str = ""
+    pod: Pod,
+    attempt: int,
+    pod_logs_dir: Path,
+    *,
+    cgroup_parent: str = "",
+    dns: ResolvConf | None = None,
 ) -> cri.PodSandboxConfig:
-    """``cgroup_parent``: the pod's cgroup (cgroupsPerQOS), "" for the runtime's default."""
+    """``cgroup_parent``: the pod's cgroup (cgroupsPerQOS), "" for the runtime's default.
+
+    ``dns``: the pod's resolver configuration (``core.pod_dns``); None lets the runtime
+    copy the node's resolv.conf.
+    """
     meta = pod.metadata
     ports = [
         cri.PortMapping(
@@ -54,6 +65,7 @@ def sandbox_config(
         ),
         hostname=sandbox_hostname(pod),
         log_directory=str(pod_log_directory(pod_logs_dir, pod)),
+        dns_config=_dns_config(dns) if dns is not None else None,
         port_mappings=ports,
         labels=labels.sandbox_labels(meta.uid, meta.name, meta.namespace, meta.labels),
         annotations=dict(meta.annotations),
@@ -62,6 +74,12 @@ def sandbox_config(
             security_context=security.sandbox_security_context(pod),
             sysctls=security.pod_sysctls(pod),
         ),
+    )
+
+
+def _dns_config(dns: ResolvConf) -> cri.DnsConfig:
+    return cri.DnsConfig(
+        servers=list(dns.servers), searches=list(dns.searches), options=list(dns.options)
     )
 
 

@@ -211,6 +211,9 @@ class FakeRuntime:
         self.runtime_handlers = set(runtime_handlers)
         #: Number of calls per CRI method name ("RunPodSandbox"), counted by the server.
         self.calls: collections.Counter[str] = collections.Counter()
+        #: ExecSync and StopContainer requests as the server received them, in order:
+        #: (method, container id, argv of ExecSync or timeout of StopContainer).
+        self.container_calls: list[tuple[str, str, tuple[str, ...] | int]] = []
         self.pod_cidr = ""
         self._sandboxes: dict[str, _Sandbox] = {}
         self._containers: dict[str, _Container] = {}
@@ -928,6 +931,8 @@ class _RuntimeService(v1.RuntimeServiceBase):
         return await self.fake.serve("StartContainer", self.fake.start_container, message)
 
     async def stop_container(self, message: v1.StopContainerRequest) -> v1.StopContainerResponse:
+        self.fake.container_calls.append(("StopContainer", message.container_id, message.timeout))
+
         async def stop(request: v1.StopContainerRequest) -> v1.StopContainerResponse:
             wait = self.fake.stop_wait(request)
             if wait > 0:
@@ -965,6 +970,8 @@ class _RuntimeService(v1.RuntimeServiceBase):
                                      message)
 
     async def exec_sync(self, message: v1.ExecSyncRequest) -> v1.ExecSyncResponse:
+        self.fake.container_calls.append(("ExecSync", message.container_id, tuple(message.cmd)))
+
         async def run(request: v1.ExecSyncRequest) -> v1.ExecSyncResponse:
             result = self.fake.exec_result(request)
             wait = min(result.delay, request.timeout) if request.timeout > 0 else result.delay

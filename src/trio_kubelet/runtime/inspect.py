@@ -5,22 +5,31 @@ Both list calls come back as upb-backed protobuf messages (`CRIClient.*_brief`),
 which decode a 250-container reply in well under a millisecond and create a
 Python object only for the fields read here. `inspect_pod` adds the per-object
 status calls that carry exit codes, reasons and network details, for the one pod
-being synced; those stay betterproto2 messages.
+being synced; those stay betterproto2 messages. With `TerminationMessages` it also
+reads what exited containers left as their termination message, once per container.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter
+from pathlib import Path
 from typing import Protocol
 
 from ..core.observed import (
+    MAX_TERMINATION_LOG_BYTES,
+    MAX_TERMINATION_LOG_LINES,
+    MAX_TERMINATION_MESSAGE_BYTES,
     ContainerState,
     RuntimeContainer,
     RuntimePodStatus,
     RuntimeSandbox,
     SandboxState,
+    wants_log_tail,
 )
+from ..model.pod import Container, Pod
+from ..server.crilog import LogOptions, open_log, read_log
 from .cri.runtime import v1
 from .cri_upb.runtime.v1 import api_pb2 as upb
 from .errors import CRINotFound
@@ -33,7 +42,7 @@ from .labels import (
     RESTART_COUNT,
 )
 
-__all__ = ["RuntimeReader", "group_by_pod", "inspect_pod", "relist"]
+__all__ = ["RuntimeReader", "TerminationMessages", "group_by_pod", "inspect_pod", "relist"]
 
 # CRI enum numbers (upb gives plain ints; betterproto2 enums are ints too).
 _CONTAINER_STATES: dict[int, ContainerState] = {
@@ -46,6 +55,7 @@ _SANDBOX_STATES: dict[int, SandboxState] = {
     upb.SANDBOX_READY: SandboxState.READY,
     upb.SANDBOX_NOTREADY: SandboxState.NOTREADY,
 }
+_EXITED = v1.ContainerState.CONTAINER_EXITED
 # Newest first; on a creation-time tie (a coarse clock) the higher attempt is the newer one.
 _NEWEST_FIRST = attrgetter("created_at", "attempt")
 
@@ -160,23 +170,43 @@ async def relist(client: RuntimeReader) -> dict[str, RuntimePodStatus]:
     return group_by_pod(sandboxes, containers)
 
 
-async def inspect_pod(client: RuntimeReader, uid: str) -> RuntimePodStatus:
+async def inspect_pod(
+    client: RuntimeReader,
+    uid: str,
+    *,
+    pod: Pod | None = None,
+    messages: TerminationMessages | None = None,
+) -> RuntimePodStatus:
     """One pod in full: listed objects plus ContainerStatus for each container and
-    PodSandboxStatus for the newest sandbox. Objects removed meanwhile are skipped."""
+    PodSandboxStatus for the newest sandbox. Objects removed meanwhile are skipped.
+
+    Given the pod's spec and its worker's ``messages``, exited containers carry their
+    termination message."""
     selector = {POD_UID: uid}
     sandboxes = await client.list_pod_sandbox_brief(v1.PodSandboxFilter(label_selector=selector))
     listed = await client.list_containers_brief(v1.ContainerFilter(label_selector=selector))
     base = group_by_pod(sandboxes, listed).get(uid)
+    if messages is not None:
+        messages.keep_only(c.id for c in (base.containers if base is not None else ()))
     if base is None:
         return RuntimePodStatus(uid=uid)
+    specs: dict[str, Container] | None = None  # built at the first exited container
     containers = []
     for brief in base.containers:
         try:
             response = await client.container_status(brief.id)
         except CRINotFound:
             continue
-        if response.status is not None:
-            containers.append(_detailed_container(response.status, brief.sandbox_id))
+        status = response.status
+        if status is None:
+            continue
+        message = ""
+        if messages is not None and pod is not None and status.state == _EXITED:
+            specs = specs if specs is not None else _specs_by_name(pod)
+            spec = specs.get(brief.name)
+            if spec is not None:
+                message = await messages.read(status, spec)
+        containers.append(_detailed_container(status, brief.sandbox_id, message))
     sandboxes_out = list(base.sandboxes)
     if sandboxes_out:
         try:
@@ -190,7 +220,9 @@ async def inspect_pod(client: RuntimeReader, uid: str) -> RuntimePodStatus:
                             sandboxes=tuple(sandboxes_out), containers=tuple(containers))
 
 
-def _detailed_container(status: v1.ContainerStatus, sandbox_id: str) -> RuntimeContainer:
+def _detailed_container(
+    status: v1.ContainerStatus, sandbox_id: str, termination_message: str = ""
+) -> RuntimeContainer:
     meta, annotations = status.metadata, status.annotations
     return RuntimeContainer(
         id=status.id,
@@ -202,6 +234,7 @@ def _detailed_container(status: v1.ContainerStatus, sandbox_id: str) -> RuntimeC
         exit_code=status.exit_code,
         reason=status.reason,
         message=status.message,
+        termination_message=termination_message,
         created_at=_seconds(status.created_at),
         started_at=_seconds(status.started_at),
         finished_at=_seconds(status.finished_at),
@@ -225,3 +258,121 @@ def detailed_sandbox(status: v1.PodSandboxStatus) -> RuntimeSandbox:
         attempt=meta.attempt if meta is not None else 0,
         created_at=_seconds(status.created_at), host_network=host_network, ip=ip,
         additional_ips=extra if not host_network else ())
+
+
+# -- termination messages --------------------------------------------------------------------
+
+
+class TerminationMessages:
+    """What exited containers left as their termination message, read once per container.
+
+    An exited container never changes, so its message is read the first time it is seen
+    exited and remembered while the runtime still lists it: inspecting a pod on every
+    sync costs no file reads. A message taken from the log is the exception: the
+    runtime may still be copying the last output when it reports the exit, so it is
+    read again whenever the log file has changed (one stat per sync).
+    """
+
+    def __init__(self) -> None:
+        self._read: dict[str, tuple[str, tuple[int, int] | None]] = {}
+
+    async def read(self, status: v1.ContainerStatus, spec: Container) -> str:
+        """The message of the exited container ``status`` describes (an instance of ``spec``)."""
+        known = self._read.get(status.id)
+        if known is not None and (known[1] is None or known[1] == _stamp(status.log_path)):
+            return known[0]
+        file_message = read_termination_file(status, spec)
+        if not _falls_back_to_log(status, spec, file_message):
+            self._read[status.id] = (file_message, None)
+            return file_message
+        stamp = _stamp(status.log_path)  # before reading: a later write shows as a change
+        message = await read_log_tail(Path(status.log_path))
+        self._read[status.id] = (message, stamp)
+        return message
+
+    def keep_only(self, container_ids: Iterable[str]) -> None:
+        """Forget the containers that are gone."""
+        listed = set(container_ids)
+        for gone in [cid for cid in self._read if cid not in listed]:
+            del self._read[gone]
+
+    def __len__(self) -> int:
+        return len(self._read)
+
+
+async def termination_message(status: v1.ContainerStatus, spec: Container) -> str:
+    """The end of the file mounted at ``terminationMessagePath``, or with
+    FallbackToLogsOnError the tail of the container's log (``wants_log_tail``)."""
+    file_message = read_termination_file(status, spec)
+    if _falls_back_to_log(status, spec, file_message):
+        return await read_log_tail(Path(status.log_path))
+    return file_message
+
+
+def _falls_back_to_log(status: v1.ContainerStatus, spec: Container, file_message: str) -> bool:
+    policy = spec.termination_message_policy
+    return bool(status.log_path) and wants_log_tail(
+        policy, status.exit_code, status.reason, file_message
+    )
+
+
+def read_termination_file(status: v1.ContainerStatus, spec: Container) -> str:
+    """What the container wrote to the host file mounted at its terminationMessagePath."""
+    if not spec.termination_message_path:
+        return ""
+    in_container = _absolute(spec.termination_message_path)
+    host_path = next((m.host_path for m in status.mounts if m.container_path == in_container), "")
+    return read_message_file(Path(host_path)) if host_path else ""
+
+
+def read_message_file(path: Path, limit: int = MAX_TERMINATION_MESSAGE_BYTES) -> str:
+    """The last ``limit`` bytes of a termination-message file ("" when there is none).
+
+    A few system calls on a small file, so not worth a thread.
+    """
+    try:
+        with path.open("rb") as file:
+            size = file.seek(0, os.SEEK_END)
+            file.seek(max(0, size - limit))
+            data = file.read(limit)
+    except FileNotFoundError:
+        return ""
+    except OSError as err:
+        return f"Error on reading termination log {path}: {err}"
+    return data.decode(errors="replace")
+
+
+async def read_log_tail(
+    path: Path,
+    lines: int = MAX_TERMINATION_LOG_LINES,
+    limit: int = MAX_TERMINATION_LOG_BYTES,
+) -> str:
+    """The last ``lines`` lines of a CRI log (both streams), at most its last ``limit`` bytes."""
+    try:
+        file = await open_log(path)
+    except OSError as err:
+        return f"Error on reading termination message from logs: {err}"
+    tail = bytearray()
+    async for block in read_log(file, LogOptions(tail_lines=lines)):
+        tail += block
+        del tail[:-limit]
+    return tail.decode(errors="replace")
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    """Size and modification time of a file, to notice it changed ((-1, -1): none)."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return -1, -1
+    return stat.st_size, stat.st_mtime_ns
+
+
+def _absolute(path: str) -> str:
+    return path if path.startswith("/") else "/" + path
+
+
+def _specs_by_name(pod: Pod) -> dict[str, Container]:
+    spec = pod.spec
+    every = (*spec.init_containers, *spec.containers, *spec.ephemeral_containers)
+    return {c.name: c for c in every}

@@ -1,18 +1,20 @@
-"""The CRI mounts of a container: its volume mounts (with subPaths) and its termination log.
+"""The CRI mounts of a container: its volume mounts (with subPaths), the pod's /etc/hosts
+and its termination log.
 
 The Go kubelet's ``makeMounts`` and kuberuntime's termination-log mount. Choosing the
 mounts is pure; the filesystem is touched only to prepare a subPath safely (see
-``subpath``) and to create the termination-log file. Both are a few system calls, so
-these functions are synchronous.
+``subpath``), to write the pod's hosts file and to create the termination-log file.
+Each is a few system calls, so these functions are synchronous.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from trio_kubelet.core.hosts_file import ETC_HOSTS_PATH, gets_managed_hosts, pod_hosts_content
 from trio_kubelet.model.pod import Container, Pod, VolumeMount
 from trio_kubelet.runtime.cri.runtime import v1 as cri
 from trio_kubelet.volumes.errors import CREATE_CONTAINER_CONFIG_ERROR, VolumeError
@@ -23,6 +25,8 @@ log = logging.getLogger("trio_kubelet.volumes")
 
 SUBPATHS_DIR = "volume-subpaths"
 CONTAINERS_DIR = "containers"
+ETC_HOSTS_FILE = "etc-hosts"
+NODE_HOSTS_FILE = Path(ETC_HOSTS_PATH)
 
 
 def container_mounts(
@@ -63,6 +67,59 @@ def container_mounts(
             )
         )
     return mounts
+
+
+def etc_hosts_mount(
+    pod_dir: Path,
+    pod: Pod,
+    container: Container,
+    pod_ips: Sequence[str],
+    *,
+    cluster_domain: str,
+    node_hosts_file: Path = NODE_HOSTS_FILE,
+) -> cri.Mount | None:
+    """``<pod_dir>/etc-hosts`` at the container's /etc/hosts; None when it gets none.
+
+    As the Go kubelet, the file is written again at each container start, so a
+    sandbox re-created with another IP is named right; hostNetwork pods get the
+    node's file as it is now. Raises ``VolumeError`` (CreateContainerConfigError).
+    """
+    if not gets_managed_hosts(pod, container, pod_ips):
+        return None
+    node_hosts = ""
+    if pod.spec.host_network:
+        try:
+            node_hosts = node_hosts_file.read_bytes().decode("utf-8", "surrogateescape")
+        except OSError as err:
+            log.error("Cannot read the node's hosts file %s: %s", node_hosts_file, err)
+            raise _config_error(f"cannot read the node's hosts file {node_hosts_file}") from None
+    content = pod_hosts_content(pod, pod_ips, cluster_domain, node_hosts)
+    host_path = pod_dir / ETC_HOSTS_FILE
+    try:
+        _write_in_place(host_path, content.encode("utf-8", "surrogateescape"))
+    except OSError as err:
+        log.error("Cannot write the hosts file %s: %s", host_path, err)
+        raise _config_error(
+            f'cannot write the hosts file of container "{container.name}"'
+        ) from None
+    return cri.Mount(container_path=ETC_HOSTS_PATH, host_path=str(host_path), selinux_relabel=True)
+
+
+def _write_in_place(path: Path, content: bytes) -> None:
+    """Rewrite the file itself, not a replacement: running containers have its inode mounted.
+
+    An unchanged file is left alone, so a container reading it never sees it truncated.
+    """
+    path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+    try:
+        if path.read_bytes() == content:
+            return
+    except FileNotFoundError:
+        pass
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+    with os.fdopen(os.open(path, flags, 0o644), "wb") as file:
+        file.write(content)
+    os.chmod(path, 0o644)
 
 
 def termination_log_mount(pod_dir: Path, container: Container) -> cri.Mount | None:
