@@ -6,6 +6,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
+from fractions import Fraction
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from trio_kubelet.apiserver.tokens import TokenSource
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.config import AgentOptions
 from trio_kubelet.core.phase import rfc3339
+from trio_kubelet.core.pod_cgroups import kubepods_config
 from trio_kubelet.core.pod_dns import (
     CHECK_LIMITS_FOR_RESOLV_CONF,
     DNSSettings,
@@ -29,21 +31,29 @@ from trio_kubelet.core.pod_dns import (
     resolv_conf_problem,
 )
 from trio_kubelet.events import Event, ResyncTick
+from trio_kubelet.images.gc import ImageGC, image_gc_policy
 from trio_kubelet.images.manager import ImageManager
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.node.machine import read_machine_facts
-from trio_kubelet.node.manager import NodeManager, RuntimeProbe
-from trio_kubelet.node.registration import configured_allocatable, machine_capacity
+from trio_kubelet.node.manager import NodeManager, NodePressure, RuntimeProbe
+from trio_kubelet.node.registration import (
+    Amount,
+    allocatable_reservation,
+    configured_allocatable,
+    machine_capacity,
+)
 from trio_kubelet.probes.manager import ProbeManager
 from trio_kubelet.probes.prober import Prober
+from trio_kubelet.reconcile.container_gc import CONTAINER_GC_PERIOD, ContainerGC
 from trio_kubelet.reconcile.container_setup import NodeFacts
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import WorkerContext
 from trio_kubelet.replay.recorder import Recorder
 from trio_kubelet.replay.records import Header
 from trio_kubelet.resources.cgroups import CgroupError, QOSCgroups
+from trio_kubelet.resources.eviction import EvictionConfig, EvictionManager, NodeReclaimers
 from trio_kubelet.runtime.client import CRIClient, Observer, open_cri_client
 from trio_kubelet.runtime.errors import CRIError
 from trio_kubelet.server.auth import ReviewClient
@@ -75,18 +85,20 @@ RUNTIME_RETRY_MAX = 30.0
 # How often the sampler reads cgroups (cAdvisor's housekeeping; the sampler's figures
 # feed /stats/summary and /metrics/cadvisor).
 HOUSEKEEPING_INTERVAL = 10.0
+# How often the eviction manager compares the latest sample with its thresholds (Go's
+# evictionMonitoringPeriod).
+EVICTION_MONITORING_INTERVAL = 10.0
 
 
-def _node_facts(options: AgentOptions, events: EventRecorder) -> NodeFacts:
+def _node_facts(
+    options: AgentOptions, events: EventRecorder, capacity: dict[str, Amount]
+) -> NodeFacts:
     """The node's allocatable resources and --node-ip, as containers' environments read them,
     and the DNS settings pods get.
 
-    Read once at start-up, on the event loop: a few small files. The host IPs are the
-    ones pod statuses report as hostIP(s), so env and status agree.
+    The host IPs are the ones pod statuses report as hostIP(s), so env and status agree.
     """
-    machine = read_machine_facts(options.root_dir)
     config = options.config
-    capacity = machine_capacity(machine, config.max_pods)
     allocatable = configured_allocatable(capacity, config)
     host_ips = [ip for ip in (options.node_ip or "").split(",") if ip]
     return NodeFacts(
@@ -135,38 +147,43 @@ def _host_resolv_conf(options: AgentOptions, events: EventRecorder) -> ResolvCon
     return host
 
 
+def kubepods_limits(options: AgentOptions, capacity: dict[str, Amount]) -> dict[str, Amount]:
+    """What the kubepods cgroup is held to (Go's enforceNodeAllocatableCgroups).
+
+    With enforceNodeAllocatable containing "pods": capacity less kubeReserved and
+    systemReserved (not less the eviction thresholds: eviction keeps that margin);
+    otherwise the whole capacity, so kubepods never has the kernel's low default shares.
+    """
+    config = options.config
+    if not config.cgroups_per_qos or "pods" not in config.enforce_node_allocatable:
+        return capacity
+    reserved = allocatable_reservation(
+        capacity,
+        kube_reserved=config.kube_reserved,
+        system_reserved=config.system_reserved,
+        eviction_hard={},
+    )
+    return {
+        name: Amount(max(Fraction(0), a.value - reserved.get(name, Fraction(0))), a.binary)
+        for name, a in capacity.items()
+    }
+
+
 async def _start_qos_cgroups(
-    nursery: trio.Nursery, options: AgentOptions, store: PodStatusStore
+    nursery: trio.Nursery, options: AgentOptions, store: PodStatusStore, limits: dict[str, Amount]
 ) -> QOSCgroups | None:
     """The kubepods hierarchy (cgroupsPerQOS); without usable cgroup v1, pods run without it."""
     config = options.config
     if not config.cgroups_per_qos:
         return None
-    qos = QOSCgroups(cgroup_root=config.cgroup_root)
+    kubepods = kubepods_config({name: str(amount) for name, amount in limits.items()})
+    qos = QOSCgroups(cgroup_root=config.cgroup_root, kubepods=kubepods)
     try:
         await nursery.start(qos.run, store.pods)
     except CgroupError as err:
         log.error("QoS cgroups unavailable, pods get the runtime's default cgroups: %s", err)
         return None
     return qos
-
-
-async def _sweep_pod_cgroups(qos: QOSCgroups, loop: SyncLoop, period: float) -> None:
-    """Remove pod cgroups no pod owns (Go's cleanupOrphanedPodCgroups), once PLEG has listed.
-
-    Until the first relist the agent does not know which pods the runtime holds, and
-    removing a cgroup kills what is in it.
-    """
-    while True:
-        await trio.sleep(period)
-        if loop.last_relist_ok is None:
-            continue
-        for uid in await qos.orphans(loop.workers):
-            log.info("Removing the cgroups of pod %s, which no pod owns", uid)
-            try:
-                await qos.remove_pod(uid)
-            except CgroupError as err:
-                log.warning("Removing orphaned pod cgroup %s failed: %s", uid, err)
 
 
 async def wait_for_runtime(client: CRIClient, endpoint: str) -> str:
@@ -238,6 +255,7 @@ async def _run_cluster_tasks(
     loop: SyncLoop,
     ctx: WorkerContext,
     clock: TrioWallClock,
+    pressure: NodePressure | None = None,
 ) -> None:
     """The API-server side: the Node and its Lease, pod source, referenced objects and
     Services, pod statuses, mirror pods."""
@@ -245,7 +263,9 @@ async def _run_cluster_tasks(
     await probe.probe()  # the first answer, before the first node status
     nursery.start_soon(probe.run)
     started = trio.current_time()
-    health = probe.health(lambda: pleg_error(trio.current_time(), loop.last_relist_ok, started))
+    health = probe.health(
+        lambda: pleg_error(trio.current_time(), loop.last_relist_ok, started), pressure
+    )
     node = NodeManager(api, options, health, clock, events=events)
     await nursery.start(node.run)
     config_maps = ObjectCache(api, "configmaps")
@@ -348,6 +368,17 @@ async def run_agent(
     config = options.config
     endpoint = config.container_runtime_endpoint
     log.info("trio-kubelet %s starting on node %s", __version__, options.node_name)
+    # Read once at start-up, on the event loop (a few small files; a thread would stall
+    # MockClock recordings).
+    capacity = machine_capacity(read_machine_facts(options.root_dir), config.max_pods)
+    # Before anything starts: a threshold that cannot be used is a configuration error.
+    pods_limits = kubepods_limits(options, capacity)
+    pods_memory = pods_limits.get("memory")
+    eviction_config = EvictionConfig.from_config(
+        config,
+        pods_memory_limit=int(pods_memory.value) if pods_memory else None,
+        monitoring_interval=EVICTION_MONITORING_INTERVAL,
+    )
     store = store if store is not None else PodStatusStore()
     clock = TrioWallClock()
     metrics = AgentMetrics(options.node_name)
@@ -368,9 +399,19 @@ async def run_agent(
             log.info("Connected to container runtime %s at %s", runtime, endpoint)
             events = EventRecorder(options.node_name, api, clock=clock.now)
             top.start_soon(events.run)
+            # One image manager for all pod workers (the node-wide pull limit); image GC
+            # learns from it which images containers are about to use. The eviction
+            # manager's disk reclaim calls image_gc.reclaim.
+            image_gc = ImageGC(client, image_gc_policy(config), node_name=options.node_name,
+                               events=events, metrics=metrics)
+            images = ImageManager(client, events, serialize_pulls=config.serialize_image_pulls,
+                                  max_parallel_pulls=config.max_parallel_image_pulls,
+                                  pull_timeout=config.runtime_request_timeout or None,
+                                  metrics=metrics)
+            images.on_image_used = image_gc.note_used
             ctx = WorkerContext(
                 client=client,
-                images=ImageManager(client, events),
+                images=images,
                 events=events,
                 store=store,
                 clock=clock,
@@ -378,7 +419,7 @@ async def run_agent(
                 node_ip=(options.node_ip or "").split(",")[0],
                 runtime_name=runtime.split()[0],
                 recorder=recorder,
-                node=_node_facts(options, events),
+                node=_node_facts(options, events, capacity),
                 volumes=VolumeManager(options.root_dir / "pods", events=events),
             )
             send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
@@ -401,12 +442,34 @@ async def run_agent(
                 wall_clock=clock.now,
             )
             oom = OOMWatcher(on_counts=sampler.set_oom_counts, wall_clock=clock.now)
+            eviction = EvictionManager(
+                eviction_config,
+                loop,
+                lambda: sampler.latest,
+                wall_clock=clock.now,
+                stopped=store.is_stopped,
+                events=events,
+                metrics=metrics,
+            )
+            loop.node_conditions = eviction.node_conditions
             async with trio.open_nursery() as nursery:
-                ctx.qos = await _start_qos_cgroups(nursery, options, store)
-                if ctx.qos is not None:
-                    nursery.start_soon(_sweep_pod_cgroups, ctx.qos, loop, config.sync_frequency)
+                ctx.qos = await _start_qos_cgroups(nursery, options, store, pods_limits)
                 await nursery.start(probes.run)
                 await nursery.start(loop.run, receive)
+                # Dead containers, empty sandboxes, log directories and cgroups of gone pods;
+                # the eviction manager's disk reclaim calls container_gc.reclaim.
+                container_gc = ContainerGC(
+                    client,
+                    options.container_gc,
+                    existing_pods=loop.existing_pods,
+                    sources_ready=lambda: loop.config.sources_ready,
+                    pod_logs_dir=Path(config.pod_logs_dir),
+                    clock=clock.now,
+                    period=CONTAINER_GC_PERIOD,
+                    qos=ctx.qos,
+                )
+                await nursery.start(container_gc.run)
+                eviction.reclaimer = NodeReclaimers(container_gc, image_gc)
                 if config.static_pod_path:
                     await nursery.start(
                         partial(
@@ -420,7 +483,7 @@ async def run_agent(
                     )
                 if api is not None:
                     await _run_cluster_tasks(
-                        nursery, send, api, client, events, options, loop, ctx, clock
+                        nursery, send, api, client, events, options, loop, ctx, clock, eviction
                     )
                 if config.static_pod_url:
                     await nursery.start(
@@ -439,6 +502,8 @@ async def run_agent(
                 nursery.start_soon(_resync, send.clone(), config.sync_frequency)
                 await nursery.start(oom.run, send.clone())
                 nursery.start_soon(partial(sampler.run, client, interval=HOUSEKEEPING_INTERVAL))
+                await nursery.start(image_gc.run)
+                await nursery.start(eviction.run)
                 view = NodeView(
                     options=options,
                     store=store,

@@ -29,6 +29,7 @@ from trio_kubelet.config import (
     ConfigError,
     build_agent_options,
 )
+from trio_kubelet.core.container_gc import GCPolicy
 from trio_kubelet.model.duration import DurationError, parse_duration
 
 PROG = "trio-kubelet"
@@ -110,6 +111,29 @@ def _taints(text: str) -> list[dict[str, str]]:
             )
         taints.append({"key": key, "value": value, "effect": effect})
     return taints
+
+
+def _pairs(text: str, separator: str) -> dict[str, str]:
+    """``key<sep>value,...`` as a map, as Go's map-of-strings flags read it (a later key wins)."""
+    found = {}
+    for pair in _list(text):
+        key, sep, value = pair.partition(separator)
+        if not sep or not key.strip() or not value.strip():
+            raise argparse.ArgumentTypeError(
+                f"expected key{separator}value, got {json.dumps(pair)}"
+            )
+        found[key.strip()] = value.strip()
+    return found
+
+
+def _thresholds(text: str) -> dict[str, str]:
+    """``memory.available<100Mi,nodefs.available<10%`` (--eviction-hard, --eviction-soft)."""
+    return _pairs(text, "<")
+
+
+def _key_values(text: str) -> dict[str, str]:
+    """``memory.available=1m30s,...`` or ``cpu=100m,memory=100Mi``."""
+    return _pairs(text, "=")
 
 
 _SIZE = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
@@ -207,6 +231,13 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
         "ENDPOINT",
     ),
     ConfigFlag(
+        "--streaming-connection-idle-timeout",
+        "streamingConnectionIdleTimeout",
+        _duration,
+        "close exec/attach/port-forward sessions idle this long, 0 never",
+        "DURATION",
+    ),
+    ConfigFlag(
         "--runtime-request-timeout",
         "runtimeRequestTimeout",
         _duration,
@@ -235,13 +266,6 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
         "IP",
     ),
     ConfigFlag(
-        "--streaming-connection-idle-timeout",
-        "streamingConnectionIdleTimeout",
-        _duration,
-        "close exec/attach/port-forward sessions idle this long, 0 never",
-        "DURATION",
-    ),
-    ConfigFlag(
         "--tls-cert-file", "tlsCertFile", str, "serving certificate of the kubelet API", "FILE"
     ),
     ConfigFlag(
@@ -264,6 +288,13 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
     ConfigFlag("--cluster-domain", "clusterDomain", str, "DNS domain of the cluster", "DOMAIN"),
     ConfigFlag(
         "--cluster-dns", "clusterDNS", _list, "DNS server IPs for pods, comma-separated", "IPS"
+    ),
+    ConfigFlag(
+        "--resolv-conf",
+        "resolvConf",
+        str,
+        'resolver configuration pods\' DNS starts from, "" for none (default /etc/resolv.conf)',
+        "FILE",
     ),
     ConfigFlag(
         "--node-status-update-frequency",
@@ -290,13 +321,6 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
         "PERCENT",
     ),
     ConfigFlag(
-        "--resolv-conf",
-        "resolvConf",
-        str,
-        'resolver configuration pods\' DNS starts from, "" for none (default /etc/resolv.conf)',
-        "FILE",
-    ),
-    ConfigFlag(
         "--image-gc-low-threshold",
         "imageGCLowThresholdPercent",
         _int,
@@ -309,6 +333,63 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
     ConfigFlag("--cgroups-per-qos", "cgroupsPerQOS", _bool, "create the QoS cgroup hierarchy"),
     ConfigFlag("--pod-logs-dir", "podLogsDir", str, "directory of container logs", "DIR"),
     ConfigFlag("--feature-gates", "featureGates", _feature_gates, "Name=true|false,...", "GATES"),
+    ConfigFlag(
+        "--eviction-hard",
+        "evictionHard",
+        _thresholds,
+        "hard eviction thresholds, e.g. memory.available<100Mi,nodefs.available<10%",
+        "THRESHOLDS",
+    ),
+    ConfigFlag(
+        "--eviction-soft",
+        "evictionSoft",
+        _thresholds,
+        "soft eviction thresholds (each needs --eviction-soft-grace-period)",
+        "THRESHOLDS",
+    ),
+    ConfigFlag(
+        "--eviction-soft-grace-period",
+        "evictionSoftGracePeriod",
+        _key_values,
+        "how long a soft threshold must hold before evicting, e.g. memory.available=1m30s",
+        "PERIODS",
+    ),
+    ConfigFlag(
+        "--eviction-minimum-reclaim",
+        "evictionMinimumReclaim",
+        _key_values,
+        "what an eviction must free beyond the threshold, e.g. memory.available=500Mi",
+        "AMOUNTS",
+    ),
+    ConfigFlag(
+        "--eviction-pressure-transition-period",
+        "evictionPressureTransitionPeriod",
+        _duration,
+        "how long a pressure condition outlives its last sighting",
+        "DURATION",
+    ),
+    ConfigFlag(
+        "--eviction-max-pod-grace-period",
+        "evictionMaxPodGracePeriod",
+        _int,
+        "most grace seconds a soft eviction gives a pod",
+        "SECONDS",
+    ),
+    ConfigFlag(
+        "--enforce-node-allocatable",
+        "enforceNodeAllocatable",
+        _list,
+        "what allocatable is enforced on: pods (default), none",
+        "LEVELS",
+    ),
+    ConfigFlag(
+        "--kube-reserved", "kubeReserved", _key_values, "kept from pods for the kubelet",
+        "RESOURCES",
+    ),
+    ConfigFlag(
+        "--system-reserved", "systemReserved", _key_values, "kept from pods for the system",
+        "RESOURCES",
+    ),
 )
 
 
@@ -366,6 +447,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print a live pod table on stdout, like `kubectl get pods -w` (logs go to stderr)",
     )
+    _add_container_gc_flags(parser)
     overrides = parser.add_argument_group("configuration (each overrides the --config file)")
     for flag in CONFIG_FLAGS:
         kwargs: dict[str, Any] = {"dest": flag.dest, "type": flag.parse, "help": flag.help}
@@ -376,6 +458,34 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         else:
             kwargs["metavar"] = flag.metavar
         overrides.add_argument(flag.flag, **kwargs)
+
+
+def _add_container_gc_flags(parser: argparse.ArgumentParser) -> None:
+    """The Go kubelet's container GC flags (deprecated there in favour of eviction, but
+    still honoured; they have no KubeletConfiguration field)."""
+    default = GCPolicy()
+    gc = parser.add_argument_group("container GC (deprecated Go kubelet flags)")
+    gc.add_argument(
+        "--minimum-container-ttl-duration",
+        type=_duration,
+        default=default.min_age,
+        metavar="DURATION",
+        help="minimum age of a dead container before it may be removed (default 0)",
+    )
+    gc.add_argument(
+        "--maximum-dead-containers-per-container",
+        type=_int,
+        default=default.max_per_pod_container,
+        metavar="N",
+        help="dead instances kept per container, negative for no limit (default 1)",
+    )
+    gc.add_argument(
+        "--maximum-dead-containers",
+        type=_int,
+        default=default.max_containers,
+        metavar="N",
+        help="dead containers kept on the node, negative for no limit (default -1)",
+    )
 
 
 def _add_replay_flags(parser: argparse.ArgumentParser) -> None:
@@ -446,6 +556,11 @@ def agent_options(args: argparse.Namespace) -> AgentOptions:
         record_max_bytes=args.record_max_bytes,
         verbosity=args.verbosity,
         show_pods=args.show_pods,
+        container_gc=GCPolicy(
+            min_age=args.minimum_container_ttl_duration,
+            max_per_pod_container=args.maximum_dead_containers_per_container,
+            max_containers=args.maximum_dead_containers,
+        ),
     )
 
 

@@ -19,7 +19,7 @@ import logging
 import re
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -36,6 +36,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from trio_kubelet.core.container_gc import GCPolicy
 from trio_kubelet.model.duration import DurationError, format_duration, parse_duration
 
 log = logging.getLogger(__name__)
@@ -829,6 +830,9 @@ class AgentOptions:
     verbosity: int = 0
     # trio-kubelet's own: print a live pod table (like `kubectl get pods -w`) on stdout.
     show_pods: bool = False
+    # Container GC: Go's deprecated --minimum-container-ttl-duration,
+    # --maximum-dead-containers-per-container, --maximum-dead-containers (flags only).
+    container_gc: GCPolicy = field(default_factory=GCPolicy)
 
 
 def build_agent_options(
@@ -844,6 +848,7 @@ def build_agent_options(
     record_max_bytes: int | None = None,
     verbosity: int = 0,
     show_pods: bool = False,
+    container_gc: GCPolicy | None = None,
 ) -> AgentOptions:
     """Load and check everything; raises :class:`ConfigError` naming the field or flag."""
     return AgentOptions(
@@ -859,4 +864,5 @@ def build_agent_options(
         log_level=logging.DEBUG if verbosity >= 4 else logging.INFO,
         verbosity=verbosity,
         show_pods=show_pods,
+        container_gc=container_gc if container_gc is not None else GCPolicy(),
     )

@@ -22,10 +22,12 @@ from prometheus_client.utils import floatToGoString as _untyped_float_to_go_stri
 __all__ = [
     "CONTENT_TYPE",
     "DEF_BUCKETS",
+    "IMAGE_PULL_BUCKETS",
     "POD_STARTUP_BUCKETS",
     "RUNTIME_OPERATION_BUCKETS",
     "AgentMetrics",
     "exponential_buckets",
+    "image_size_bucket",
     "operation_type",
     "render_text",
 ]
@@ -39,6 +41,28 @@ POD_STARTUP_BUCKETS = (
     0.5, 1, 2, 3, 4, 5, 6, 8, 10, 20, 30, 45, 60, 120, 180, 240, 300, 360, 480, 600, 900,
     1200, 1800, 2700, 3600,
 )
+# pkg/kubelet/metrics: imagePullDurationBuckets, and the image size label's lower bounds.
+IMAGE_PULL_BUCKETS = (
+    1, 5, 10, 20, 30, 60, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600,
+)
+_MIB, _GIB = 1 << 20, 1 << 30
+_IMAGE_SIZE_BUCKETS = (
+    (0, "0-10MB"), (10 * _MIB, "10MB-100MB"), (100 * _MIB, "100MB-500MB"),
+    (500 * _MIB, "500MB-1GB"), (_GIB, "1GB-5GB"), (5 * _GIB, "5GB-10GB"),
+    (10 * _GIB, "10GB-20GB"), (20 * _GIB, "20GB-30GB"), (30 * _GIB, "30GB-40GB"),
+    (40 * _GIB, "40GB-60GB"), (60 * _GIB, "60GB-100GB"), (100 * _GIB, "GT100GB"),
+)
+
+
+def image_size_bucket(size: int) -> str:
+    """The ``image_size_in_bytes`` label of an image pull: its size band, "N/A" if unknown."""
+    if size <= 0:
+        return "N/A"
+    label = _IMAGE_SIZE_BUCKETS[0][1]
+    for lower, name in _IMAGE_SIZE_BUCKETS:
+        if size > lower:
+            label = name
+    return label
 
 
 def exponential_buckets(start: float, factor: float, count: int) -> tuple[float, ...]:
@@ -145,6 +169,13 @@ class AgentMetrics:
         self.evictions = Counter("kubelet_evictions",
                                  "Cumulative number of pod evictions by eviction signal",
                                  ["eviction_signal"], registry=r)
+        self.image_pull_duration = Histogram(
+            "kubelet_image_pull_duration_seconds", "Duration in seconds to pull an image.",
+            ["image_size_in_bytes"], buckets=IMAGE_PULL_BUCKETS, registry=r)
+        self.image_garbage_collected = Counter(
+            "kubelet_image_garbage_collected_total",
+            "Total number of images garbage collected by the kubelet, whether through disk "
+            "usage or image age.", ["reason"], registry=r)
         http_labels = ["method", "path", "server_type", "long_running"]
         self.http_requests = Counter(
             "kubelet_http_requests_total",

@@ -180,12 +180,12 @@ class Api:
 
 @contextmanager
 def node_agent(
-    control_plane: ControlPlane, endpoint: str, tmp: Path, node: str
+    control_plane: ControlPlane, endpoint: str, tmp: Path, node: str, *extra: str
 ) -> Iterator[AgentProcess]:
-    """The agent of ``node`` on the runtime at ``endpoint``; the tail of its log is printed
-    after (pytest shows it when the test failed)."""
+    """The agent of ``node`` on the runtime at ``endpoint`` (``extra`` flags appended); the
+    tail of its log is printed after (pytest shows it when the test failed)."""
     kubeconfig = control_plane.node_kubeconfig(node)
-    with running_agent(tmp, node, kubeconfig, endpoint, control_plane.ca) as run:
+    with running_agent(tmp, node, kubeconfig, endpoint, control_plane.ca, *extra) as run:
         try:
             yield run
         finally:

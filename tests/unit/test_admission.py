@@ -114,3 +114,45 @@ def test_admitted_pods_never_add_up_to_more_than_allocatable(
     assert len(admitted) <= 8
     for name in ("cpu", "memory"):
         assert sum(pod_requests(p).get(name, Fraction(0)) for p in admitted) <= node[name]
+
+
+# -- under pressure (the eviction manager's admission) -------------------------------------------
+
+
+def test_memory_pressure_refuses_only_best_effort_pods() -> None:
+    conditions = ["MemoryPressure"]
+    assert admit(pod("a"), [], NODE, node_conditions=conditions) == Rejection(
+        "Evicted", "The node had condition: [MemoryPressure]. "
+    )
+    assert admit(pod("a", {"memory": "64Mi"}), [], NODE, node_conditions=conditions) is None
+    assert admit(pod("a"), [], NODE) is None
+
+
+def test_a_best_effort_pod_tolerating_memory_pressure_is_admitted() -> None:
+    tolerant = pod("a", tolerations=[{
+        "key": "node.kubernetes.io/memory-pressure", "operator": "Exists",
+        "effect": "NoSchedule",
+    }])
+    assert admit(tolerant, [], NODE, node_conditions=["MemoryPressure"]) is None
+    # The toleration does not help against other pressure.
+    assert admit(tolerant, [], NODE, node_conditions=["MemoryPressure", "DiskPressure"]) == (
+        Rejection("Evicted", "The node had condition: [MemoryPressure DiskPressure]. ")
+    )
+
+
+def test_disk_or_pid_pressure_refuses_every_new_pod_but_critical_ones() -> None:
+    for condition in ("DiskPressure", "PIDPressure"):
+        rejection = admit(pod("a", {"memory": "64Mi"}), [], NODE, node_conditions=[condition])
+        assert rejection == Rejection("Evicted", f"The node had condition: [{condition}]. ")
+    static = pod("s")
+    static.metadata.annotations["kubernetes.io/config.source"] = "file"
+    critical = pod("c", priority=2_000_000_000)
+    for exempt in (static, critical):
+        assert admit(exempt, [], NODE, node_conditions=["DiskPressure"]) is None
+
+
+def test_pressure_is_checked_before_everything_else() -> None:
+    unsafe = {"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}
+    rejection = admit(pod("a", securityContext=unsafe), [], NODE,
+                      node_conditions=["DiskPressure"])
+    assert rejection is not None and rejection.reason == "Evicted"

@@ -143,7 +143,7 @@ def _agent_dns(tmp_path: Path, resolv_conf: str, **flags: str) -> tuple[DNSSetti
         overrides=overrides, root_dir=tmp_path, hostname_override="node-a", node_ip="10.0.0.5"
     )
     events = _Reported()
-    dns = _node_facts(options, events).dns
+    dns = _node_facts(options, events, {}).dns
     assert dns is not None
     return dns, events
 

@@ -88,11 +88,12 @@ async def fake_runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
 
 @asynccontextmanager
 async def agent(runtime: Runtime, sources: tuple[str, ...] = ("file",), *,
-                pleg: bool = False, node: NodeFacts | None = None) -> AsyncIterator[Agent]:
+                pleg: bool = False, node: NodeFacts | None = None,
+                recorder: Any = None) -> AsyncIterator[Agent]:
     store = PodStatusStore()
     ctx = WorkerContext(client=runtime.client, images=ImageManager(runtime.client),
                         store=store, clock=runtime.wall, pod_logs_dir=runtime.logs,
-                        node=node or NodeFacts())
+                        node=node or NodeFacts(), recorder=recorder)
     # No resync spreading here: a ResyncTick wakes every worker at once, which the
     # coalescing tests rely on (spreading has its own test below).
     loop = SyncLoop(ctx, sources, sync_frequency=0.0)
@@ -194,6 +195,83 @@ async def test_a_finished_pod_no_longer_counts_against_allocatable(
         await node.send.send(pod_set("file", job, make_pod("api", API)))
 
         await node.wait_for(API, is_running)
+
+
+# -- eviction ----------------------------------------------------------------------------------
+
+
+async def test_an_evicted_pod_is_stopped_and_ends_failed_evicted(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    web, api = make_pod("web", WEB), make_pod("api", API)
+    async with fake_runtime(tmp_path) as runtime, agent(runtime, ("api",), pleg=True) as node:
+        await node.send.send(pod_set("api", web, api))
+        await node.wait_for(WEB, is_running)
+        await node.wait_for(API, is_running)
+        assert {p.metadata.uid for p in node.loop.active_pods()} == {WEB, API}
+        message = "The node was low on resource: memory. "
+
+        assert node.loop.evict(WEB, message, 1)
+
+        evicted = await node.wait_for(
+            WEB, lambda p: p.status.phase == "Failed" and not all_running(runtime.fake, WEB))
+        assert (evicted.status.reason, evicted.status.message) == ("Evicted", message)
+        assert any(c.type == "DisruptionTarget" for c in evicted.status.conditions)
+        await trio.sleep(30)  # resyncs, relists: the pod stays down
+        stopped = containers(runtime.fake, WEB)
+        assert stopped and all(c.state == v1.ContainerState.CONTAINER_EXITED for c in stopped)
+        assert all(s.state == v1.PodSandboxState.SANDBOX_NOTREADY
+                   for s in sandboxes(runtime.fake, WEB))
+        assert node.store.get(WEB).status.reason == "Evicted"  # type: ignore[union-attr]
+        assert node.store.is_stopped(WEB)
+        assert [p.metadata.uid for p in node.loop.active_pods()] == [API]
+        assert not node.loop.evict(WEB, message, 1)  # once is enough
+        assert is_running(node.store.get(API))  # type: ignore[arg-type]
+
+
+async def test_a_new_pod_is_refused_under_the_pressure_the_eviction_manager_reports(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime, agent(runtime, ("api",)) as node:
+        node.loop.node_conditions = lambda: ("MemoryPressure",)
+        await node.send.send(pod_set("api", make_pod("web", WEB)))
+
+        refused = await node.wait_for(WEB, lambda p: p.status.phase == "Failed")
+
+        assert refused.status.reason == "Evicted"
+        assert refused.status.message == (
+            "Pod was rejected: The node had condition: [MemoryPressure]. ")
+        assert containers(runtime.fake, WEB) == []
+
+
+async def test_an_admission_under_pressure_replays_from_its_record(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    from trio_kubelet.replay.records import AdmissionRecord, Header
+    from trio_kubelet.replay.replayer import replay
+
+    class ListRecorder:
+        def __init__(self) -> None:
+            self.records: list[Any] = []
+
+        def add(self, make: Callable[[], Any]) -> None:
+            self.records.append(make())
+
+    recorder = ListRecorder()
+    async with fake_runtime(tmp_path) as runtime, \
+            agent(runtime, ("api",), recorder=recorder) as node:
+        node.loop.node_conditions = lambda: ("DiskPressure",)
+        await node.send.send(pod_set("api", make_pod("web", WEB)))
+        await node.wait_for(WEB, lambda p: p.status.phase == "Failed")
+
+    header = Header(agent_version="test", node="n", start_time=T0, config={}, sources=["api"])
+    (admission,) = [r for r in recorder.records if isinstance(r, AdmissionRecord)]
+    assert admission.node_conditions == ["DiskPressure"] and admission.reason == "Evicted"
+    assert replay([header, *recorder.records]).ok
+    # Without the condition the recorded refusal cannot be re-decided: a divergence.
+    tampered = admission.model_copy(update={"node_conditions": []})
+    records = [tampered if r is admission else r for r in recorder.records]
+    assert not replay([header, *records]).ok
 
 
 # -- routing and coalescing --------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Whether the node takes a new pod (the Go kubelet's canAdmitPod), as a pure function.
 
 A pod is checked once, when the agent first learns of it, against the pods it has
-already admitted. The checks run in the Go kubelet's order: sysctls the node does
+already admitted. The checks run in the Go kubelet's order: the eviction manager's
+(``Evicted``: under memory pressure no new BestEffort pod, under any other pressure
+no new pod at all, critical pods always), sysctls the node does
 not allow (``SysctlForbidden``), then the scheduler's general predicates as the
 kubelet re-checks them — a host port another pod holds (``NodePorts``), more pods
 than allocatable ``pods`` (``OutOfpods``), and requests beyond what allocatable
@@ -12,10 +14,18 @@ its status becomes Failed with the reason and "Pod was rejected: <message>".
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from trio_kubelet.core.eviction import (
+    MEMORY_PRESSURE,
+    PRESSURE_CONDITIONS,
+    REASON_EVICTED,
+    is_critical_pod,
+    pressure_admission_message,
+    tolerates_memory_pressure,
+)
 from trio_kubelet.core.pod_cgroups import pod_requests
 from trio_kubelet.core.qos import pod_qos_class
 from trio_kubelet.core.sysctls import sysctl_rejection
@@ -43,14 +53,33 @@ def admit(
     allocatable: Mapping[str, Fraction],
     *,
     allowed_unsafe_sysctls: Sequence[str] = (),
+    node_conditions: Collection[str] = (),
 ) -> Rejection | None:
-    """None when ``pod`` may run beside ``admitted``, else the first reason it may not."""
+    """None when ``pod`` may run beside ``admitted``, else the first reason it may not.
+
+    ``node_conditions`` are the pressure conditions the eviction manager reports now.
+    """
+    pressure = _pressure_rejection(pod, node_conditions)
+    if pressure is not None:
+        return pressure
     forbidden = sysctl_rejection(pod, allowed_unsafe=allowed_unsafe_sysctls)
     if forbidden is not None:
         return Rejection(SYSCTL_FORBIDDEN, forbidden)
     if _port_taken(pod, admitted):
         return Rejection(NODE_PORTS, "node(s) didn't have free ports for the requested pod ports")
     return _resource_fit(pod, admitted, allocatable)
+
+
+def _pressure_rejection(pod: Pod, node_conditions: Collection[str]) -> Rejection | None:
+    """The eviction manager's admission: a node short of a resource takes no more work."""
+    conditions = [c for c in PRESSURE_CONDITIONS if c in node_conditions]
+    if not conditions or is_critical_pod(pod):
+        return None
+    if conditions == [MEMORY_PRESSURE] and (
+        pod_qos_class(pod) != "BestEffort" or tolerates_memory_pressure(pod)
+    ):
+        return None
+    return Rejection(REASON_EVICTED, pressure_admission_message(conditions))
 
 
 def rejected_status(pod: Pod, rejection: Rejection) -> PodStatus:

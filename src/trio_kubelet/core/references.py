@@ -54,6 +54,16 @@ def pod_references(pod: Pod) -> PodReferences:
     return PodReferences(frozenset(config_maps) - {""}, frozenset(secrets) - {""})
 
 
+def image_pull_secret_names(pod: Pod) -> list[str]:
+    """The pod's imagePullSecrets in order, without duplicates or empty names.
+
+    The order matters: credentials of the first secret are tried first.
+    """
+    spec = pod.spec.to_api()
+    names = (_name(ref, "name") for ref in _dicts(spec.get("imagePullSecrets")))
+    return list(dict.fromkeys(name for name in names if name))
+
+
 def _dicts(value: object) -> Iterator[Mapping[str, Any]]:
     """The mappings in a list field (a missing or malformed field yields none)."""
     if isinstance(value, list):

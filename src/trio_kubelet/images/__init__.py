@@ -1,1 +1,1 @@
-"""Images: pull policy, pull backoff (and later image GC)."""
+"""Images: the image manager (pull policy, pull limit, credentials, backoff) and image GC."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn, Protocol
 
 import trio
@@ -73,6 +73,16 @@ class NodeHealth:
     memory_pressure: Callable[[], bool] = _no_pressure
     disk_pressure: Callable[[], bool] = _no_pressure
     pid_pressure: Callable[[], bool] = _no_pressure
+
+
+class NodePressure(Protocol):
+    """The eviction manager (resources/eviction.py): whether the node is short of a resource."""
+
+    def memory_pressure(self) -> bool: ...
+
+    def disk_pressure(self) -> bool: ...
+
+    def pid_pressure(self) -> bool: ...
 
 
 class WallClock(Protocol):
@@ -137,12 +147,23 @@ class RuntimeProbe:
             runtime_error=self.runtime_error,
         )
 
-    def health(self, pleg_error: Callable[[], str | None]) -> NodeHealth:
-        return NodeHealth(
+    def health(
+        self, pleg_error: Callable[[], str | None], pressure: NodePressure | None = None
+    ) -> NodeHealth:
+        """The node's health from this probe, the PLEG and (when given) the eviction manager."""
+        health = NodeHealth(
             runtime_errors=self.errors,
             pleg_error=pleg_error,
             network_error=lambda: self.network,
             runtime_version=lambda: self.version,
+        )
+        if pressure is None:
+            return health
+        return replace(
+            health,
+            memory_pressure=pressure.memory_pressure,
+            disk_pressure=pressure.disk_pressure,
+            pid_pressure=pressure.pid_pressure,
         )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 import trio
@@ -47,6 +47,10 @@ class _NoProbes:
         pass
 
 
+def _no_conditions() -> Sequence[str]:
+    return ()
+
+
 class SyncLoop:
     def __init__(
         self,
@@ -56,8 +60,11 @@ class SyncLoop:
         sync_frequency: float = 60.0,
         probes: PodProbes | None = None,
         allowed_unsafe_sysctls: Sequence[str] = (),
+        node_conditions: Callable[[], Sequence[str]] = _no_conditions,
     ) -> None:
         self._ctx = ctx
+        # The eviction manager's pressure conditions, as admission reads them now.
+        self.node_conditions = node_conditions
         self._allowed_unsafe_sysctls = tuple(allowed_unsafe_sysctls)
         self._probes = probes if probes is not None else _NoProbes()
         self._sync_frequency = sync_frequency
@@ -159,6 +166,10 @@ class SyncLoop:
         elif event.pod_uid not in self._gone and event.type != "ContainerRemoved":
             self._apply(self.config.runtime_pod_seen(event.pod_uid), -1)
 
+    def existing_pods(self) -> set[str]:
+        """UIDs of the pods that exist on the node: wanted by a source, or being torn down."""
+        return self.config.desired().keys() | self.workers.keys()
+
     def snapshot(self) -> SnapshotRecord:
         """The pod sets and spec versions now, to start a rotated recording with."""
         return SnapshotRecord(
@@ -206,11 +217,13 @@ class SyncLoop:
             if other != uid and (admitted_pod := worker.admitted_pod) is not None
         }
         allocatable = self._ctx.node.allocatable or {}
+        conditions = list(self.node_conditions())
         rejection = admit(
             pod,
             [admitted_pod for _, admitted_pod in admitted.values()],
             allocatable,
             allowed_unsafe_sysctls=self._allowed_unsafe_sysctls,
+            node_conditions=conditions,
         )
         recorder = self._ctx.recorder
         if recorder is not None:
@@ -225,6 +238,7 @@ class SyncLoop:
                     spec_seq=seq,
                     admitted=seqs,
                     allocatable=wire,
+                    node_conditions=conditions,
                     reason=rejection.reason if rejection else None,
                     message=rejection.message if rejection else None,
                 )
@@ -239,6 +253,21 @@ class SyncLoop:
             )
             self._ctx.events.pod_event(pod, "Warning", rejection.reason, rejection.message)
         return rejection
+
+    def active_pods(self) -> list[Pod]:
+        """The pods admitted and not finished: what eviction may choose from."""
+        return [pod for worker in self.workers.values() if (pod := worker.admitted_pod)]
+
+    def evict(self, uid: str, message: str, grace: int) -> bool:
+        """Have the pod's worker kill it with ``grace`` and mark it Failed/Evicted.
+
+        False when the pod is not active here (gone, refused or finished meanwhile).
+        """
+        worker = self.workers.get(uid)
+        if worker is None or worker.admitted_pod is None:
+            return False
+        worker.evict(message, grace)
+        return True
 
     async def _run_worker(self, worker: PodWorker) -> None:
         try:

@@ -29,6 +29,7 @@ from trio_kubelet.core.backoff import (
     crash_loop_message,
     gate_container_start,
 )
+from trio_kubelet.core.eviction import Eviction, evicted_status
 from trio_kubelet.core.grace import (
     at_least_minimum,
     remaining_grace,
@@ -130,11 +131,12 @@ class PodWorker:
         self._status: PodStatus | None = None
         self._messages = TerminationMessages()  # exited containers' messages, read once
         self.rejection: Rejection | None = None  # set once at admission; the pod never runs
+        self.eviction: Eviction | None = None  # set by the eviction manager; never runs again
 
     @property
     def admitted_pod(self) -> Pod | None:
         """The pod as admission counts it: wanted, admitted, and not finished."""
-        if self.pod is None or self.rejection is not None:
+        if self.pod is None or self.rejection is not None or self.eviction is not None:
             return None
         if self._status is not None and self._status.phase in ("Succeeded", "Failed"):
             return None
@@ -150,6 +152,12 @@ class PodWorker:
         self._requeue_at = min(self._requeue_at, when)
         if self._waiting is not None:
             self._waiting.deadline = self._requeue_at
+
+    def evict(self, message: str, grace: int) -> None:
+        """Kill the pod with ``grace`` seconds and end it Failed/Evicted (the first order wins)."""
+        if self.eviction is None:
+            self.eviction = Eviction(message, grace)
+        self.wake()
 
     async def run(self) -> None:
         """Sync on every wake-up (or when a backoff expires) until the pod is torn down."""
@@ -193,6 +201,9 @@ class PodWorker:
         if self.rejection is not None:
             await self._sync_rejected(pod, self.rejection)
             return math.inf
+        if self.eviction is not None:
+            await self._sync_evicted(pod, self.eviction)
+            return math.inf
         spec_seq = self.spec_seq
         self.syncing = (spec_seq, pod)
         try:
@@ -232,6 +243,41 @@ class PodWorker:
             await self._kill_pod(pod, runtime)
             runtime = await inspect_pod(self._ctx.client, self.uid)
         self._set_status(pod, rejected_status(pod, rejection), runtime)
+
+    async def _sync_evicted(self, pod: Pod, eviction: Eviction) -> None:
+        """Report an evicted pod Failed/Evicted, stop it with the eviction's grace, report again.
+
+        The grace goes in as the pod's deletion grace period, which every kill path takes
+        before the pod's own (Go hands it to the kill as an override).
+        """
+        ctx = self._ctx
+        runtime = await inspect_pod(ctx.client, self.uid, pod=pod, messages=self._messages)
+        self._set_status(pod, self._evicted_status(pod, runtime, eviction), runtime)
+        running = any(c.state is ContainerState.RUNNING for c in runtime.containers)
+        if running or any(s.state is SandboxState.READY for s in runtime.sandboxes):
+            doomed = pod.model_copy(deep=True)
+            doomed.metadata.deletion_grace_period_seconds = eviction.grace
+            await self._kill_pod(doomed, runtime)
+            runtime = await inspect_pod(ctx.client, self.uid, pod=pod, messages=self._messages)
+            self._set_status(pod, self._evicted_status(pod, runtime, eviction), runtime)
+
+    def _evicted_status(
+        self, pod: Pod, runtime: RuntimePodStatus, eviction: Eviction
+    ) -> PodStatus:
+        ctx = self._ctx
+        now = ctx.clock.now()
+        status = compute_pod_status(
+            pod,
+            runtime,
+            now=now,
+            previous=self._status,
+            readiness=ctx.probe_results.of(self.uid, ProbeType.READINESS),
+            startup=ctx.probe_results.of(self.uid, ProbeType.STARTUP),
+            host_ip=ctx.node_ip,
+            runtime_name=ctx.runtime_name,
+            pod_is_terminal=True,
+        )
+        return evicted_status(status, eviction.message, now)
 
     def _record_decision(
         self,
@@ -459,12 +505,18 @@ class PodWorker:
             return False
         try:
             image_ref = await ctx.images.ensure(
-                container, self.uid, now, ref=pod_ref(pod, container.name)
+                container,
+                self.uid,
+                now,
+                ref=pod_ref(pod, container.name),
+                pod=pod,
+                objects=ctx.objects.lookup if ctx.objects is not None else None,
             )
         except ImageError as err:
             ctx.events.pod_event(pod, "Warning", "Failed", f"Error: {err.reason}", container.name)
             result.errors[container.name] = (err.reason, err.message)
-            result.retry_in(SYNC_ERROR_RETRY)
+            # Retry when the pull backoff ends, not a sync-error period later.
+            result.retry_in(err.retry_in if err.retry_in is not None else SYNC_ERROR_RETRY)
             return False
         log_dir = Path(sandbox.log_directory) / container.name
         if newest is not None:

@@ -92,7 +92,8 @@ class AdmissionRecord(_Record):
     """Whether a new pod was admitted: the inputs of ``core.admission.admit`` and its answer.
 
     ``admitted`` maps the UIDs of the pods already admitted to the seq of the event
-    that set their specs; ``allocatable`` holds the node's figures as fractions.
+    that set their specs; ``allocatable`` holds the node's figures as fractions;
+    ``node_conditions`` the pressure conditions the eviction manager reported then.
     """
 
     kind: Literal["admission"] = "admission"
@@ -101,6 +102,7 @@ class AdmissionRecord(_Record):
     spec_seq: int
     admitted: dict[str, int]
     allocatable: dict[str, str]
+    node_conditions: list[str] = Field(default_factory=list)
     reason: str | None = None  # None: admitted
     message: str | None = None
 

@@ -297,6 +297,7 @@ class Replayer:
             others,
             allocatable,
             allowed_unsafe_sysctls=config.get("allowedUnsafeSysctls") or (),
+            node_conditions=record.node_conditions,
         )
         replayed = {
             "reason": rejection.reason if rejection else None,

@@ -99,11 +99,12 @@ class _Image:
     repo_tags: list[str]
     repo_digests: list[str]
     size: int
+    pinned: bool = False
 
     def message(self) -> v1.Image:
         return v1.Image(id=self.id, repo_tags=list(self.repo_tags),
                         repo_digests=list(self.repo_digests), size=self.size,
-                        spec=v1.ImageSpec(image=self.id))
+                        spec=v1.ImageSpec(image=self.id), pinned=self.pinned)
 
 
 @dataclass(slots=True)
@@ -215,6 +216,14 @@ class FakeRuntime:
         #: (method, container id, argv of ExecSync or timeout of StopContainer).
         self.container_calls: list[tuple[str, str, tuple[str, ...] | int]] = []
         self.pod_cidr = ""
+        #: What containerd's verbose Status reports as its sandbox (pause) image.
+        self.sandbox_image = "registry.k8s.io/pause:3.9"
+        #: PullImage requests as received, in order: (image, auth or None).
+        self.pull_requests: list[tuple[str, v1.AuthConfig | None]] = []
+        #: PullImage calls being served now, and the most there ever were at once.
+        self.pulls_in_flight = 0
+        self.max_pulls_in_flight = 0
+        self._pull_credentials: dict[str, tuple[str, str]] = {}
         self._sandboxes: dict[str, _Sandbox] = {}
         self._containers: dict[str, _Container] = {}
         self._names: dict[str, str] = {}  # reserved sandbox/container name -> id
@@ -243,7 +252,7 @@ class FakeRuntime:
         else:
             self._sandbox_failures[pod] = message
 
-    def add_image(self, ref: str, *, size: int = 1_000_000) -> str:
+    def add_image(self, ref: str, *, size: int = 1_000_000, pinned: bool = False) -> str:
         """Make an image present (as if pulled); returns its id."""
         name = normalize_image_ref(ref)
         image_id = f"sha256:{_digest('image', name)}"
@@ -251,7 +260,7 @@ class FakeRuntime:
         if image is None:
             repo = name.rsplit(":", 1)[0] if "@" not in name else name.split("@")[0]
             digest = f"{repo}@sha256:{_digest('manifest', name)}"
-            image = self._images[image_id] = _Image(image_id, [], [digest], size)
+            image = self._images[image_id] = _Image(image_id, [], [digest], size, pinned)
             self._tags[digest] = image_id
         if "@" not in name and name not in image.repo_tags:
             image.repo_tags.append(name)
@@ -261,6 +270,15 @@ class FakeRuntime:
     def set_pullable(self, ref: str, ok: bool) -> None:
         """Whether PullImage of ``ref`` succeeds (others follow ``pull_by_default``)."""
         self._pullable[normalize_image_ref(ref)] = ok
+
+    def require_credentials(self, ref: str, username: str, password: str) -> None:
+        """PullImage of ``ref`` fails as unauthorized unless given these credentials."""
+        self._pull_credentials[normalize_image_ref(ref)] = (username, password)
+
+    @property
+    def image_bytes(self) -> int:
+        """The size of every image present (what ImageFsInfo reports as used)."""
+        return sum(i.size for i in self._images.values())
 
     def crash(self, container_id: str, exit_code: int = 1) -> None:
         """The container's process exits now with ``exit_code``."""
@@ -369,7 +387,8 @@ class FakeRuntime:
             network.reason = "NetworkPluginNotReady"
             network.message = "Network plugin returns error: cni plugin not initialized"
         conditions = [v1.RuntimeCondition(type="RuntimeReady", status=True), network]
-        info = {"config": json.dumps({"fake": True})} if request.verbose else {}
+        config = {"fake": True, "sandboxImage": self.sandbox_image}
+        info = {"config": json.dumps(config)} if request.verbose else {}
         return v1.StatusResponse(status=v1.RuntimeStatus(conditions=conditions), info=info)
 
     def update_runtime_config(
@@ -807,10 +826,17 @@ class FakeRuntime:
     def pull_image(self, request: v1.PullImageRequest) -> v1.PullImageResponse:
         ref = request.image.image if request.image else ""
         name = normalize_image_ref(ref)
+        self.pull_requests.append((ref, request.auth))
         if not self._pullable.get(name, self.pull_by_default):
             _fail("PullImage", StatusCode.UNKNOWN,
                   f"failed to pull and unpack image {name!r}: failed to resolve reference "
                   f"{name!r}: {name}: not found")
+        wanted = self._pull_credentials.get(name)
+        auth = request.auth
+        if wanted is not None and (auth is None or (auth.username, auth.password) != wanted):
+            _fail("PullImage", StatusCode.UNKNOWN,
+                  f"failed to pull and unpack image {name!r}: failed to resolve reference "
+                  f"{name!r}: pulling from host failed with status code 401 Unauthorized")
         return v1.PullImageResponse(image_ref=self.add_image(ref))
 
     def remove_image(self, request: v1.RemoveImageRequest) -> v1.RemoveImageResponse:
@@ -1026,7 +1052,13 @@ class _ImageService(v1.ImageServiceBase):
         return await self.fake.serve("ImageStatus", self.fake.image_status, message)
 
     async def pull_image(self, message: v1.PullImageRequest) -> v1.PullImageResponse:
-        return await self.fake.serve("PullImage", self.fake.pull_image, message)
+        fake = self.fake
+        fake.pulls_in_flight += 1
+        fake.max_pulls_in_flight = max(fake.max_pulls_in_flight, fake.pulls_in_flight)
+        try:
+            return await fake.serve("PullImage", fake.pull_image, message)
+        finally:
+            fake.pulls_in_flight -= 1
 
     async def remove_image(self, message: v1.RemoveImageRequest) -> v1.RemoveImageResponse:
         return await self.fake.serve("RemoveImage", self.fake.remove_image, message)

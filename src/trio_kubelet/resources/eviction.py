@@ -1,0 +1,328 @@
+"""The eviction manager: every 10 s, compare the node's figures with the eviction thresholds.
+
+A shell around `core.eviction`: it takes the sampler's latest sample, lets the core
+decide which thresholds are met and which pressure conditions the node reports, asks
+for node-level reclaim first when the starved resource is disk (image and container
+GC, through an optional `NodeReclaimer`), and otherwise evicts at most one pod per
+round, through the sync loop, which has the pod's worker kill it and mark it
+Failed/Evicted. After an eviction it waits (up to 30 s) for the pod to stop before
+looking again, as the Go kubelet does, and then only at a sample taken after that.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import NoReturn, Protocol
+
+import trio
+
+from trio_kubelet.config import ConfigError, KubeletConfiguration
+from trio_kubelet.core.eviction import (
+    DISK_PRESSURE,
+    MEMORY_PRESSURE,
+    MONITORING_INTERVAL,
+    PID_PRESSURE,
+    POD_CLEANUP_TIMEOUT,
+    REASON_EVICTED,
+    REASON_THRESHOLD_MET,
+    Assessment,
+    EvictionState,
+    Observation,
+    Threshold,
+    ThresholdError,
+    assess,
+    dedicated_image_fs,
+    eviction_grace,
+    eviction_message,
+    is_critical_pod,
+    node_reclaim_applies,
+    observe,
+    parse_thresholds,
+    pod_usage,
+    rank_pods,
+    thresholds_met,
+)
+from trio_kubelet.core.stats import Sample
+from trio_kubelet.kube_events import EventRecorder
+from trio_kubelet.metrics import AgentMetrics
+from trio_kubelet.model.pod import Pod
+
+__all__ = ["EvictionConfig", "EvictionManager", "EvictionPods", "NodeReclaimer", "NodeReclaimers"]
+
+log = logging.getLogger("trio_kubelet.eviction")
+
+# How often the wait for an evicted pod looks whether it has stopped, and the wait for a
+# sample taken after node-level reclaim whether the sampler has ticked.
+_CLEANUP_POLL = 1.0
+_SAMPLE_POLL = 0.5
+
+
+class NodeReclaimer(Protocol):
+    """Node-level reclaim for a disk signal: remove dead containers and unused images."""
+
+    async def reclaim(self, signal: str) -> None: ...
+
+
+class NodeReclaimers:
+    """Several reclaimers as one, asked in turn (Go: container GC, then image GC)."""
+
+    def __init__(self, *reclaimers: NodeReclaimer) -> None:
+        self._reclaimers = reclaimers
+
+    async def reclaim(self, signal: str) -> None:
+        for reclaimer in self._reclaimers:
+            try:
+                await reclaimer.reclaim(signal)
+            except Exception:  # the next one may still free enough
+                log.exception("Eviction manager: node-level reclaim for %s failed", signal)
+
+
+class EvictionPods(Protocol):
+    """The pods eviction chooses from and the way to evict one (the sync loop has both)."""
+
+    def active_pods(self) -> list[Pod]: ...
+
+    def evict(self, uid: str, message: str, grace: int) -> bool: ...
+
+
+@dataclass(frozen=True)
+class EvictionConfig:
+    """The eviction settings of a KubeletConfiguration, parsed once."""
+
+    thresholds: tuple[Threshold, ...]
+    transition_period: float = 300.0
+    max_pod_grace_period: int = 0
+    monitoring_interval: float = MONITORING_INTERVAL
+    # The kubepods memory limit, for allocatableMemory.available; None: not observed.
+    pods_memory_limit: int | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        config: KubeletConfiguration,
+        *,
+        pods_memory_limit: int | None = None,
+        monitoring_interval: float = MONITORING_INTERVAL,
+    ) -> EvictionConfig:
+        """Raises `ConfigError` naming the field of a threshold that cannot be used."""
+        try:
+            thresholds = parse_thresholds(
+                config.eviction_hard,
+                config.eviction_soft,
+                config.eviction_soft_grace_period,
+                config.eviction_minimum_reclaim,
+                enforce_pods_allocatable=(
+                    config.cgroups_per_qos and "pods" in config.enforce_node_allocatable
+                ),
+            )
+        except ThresholdError as err:
+            raise ConfigError(str(err)) from None
+        return cls(
+            thresholds=thresholds,
+            transition_period=config.eviction_pressure_transition_period,
+            max_pod_grace_period=config.eviction_max_pod_grace_period,
+            monitoring_interval=monitoring_interval,
+            pods_memory_limit=pods_memory_limit,
+        )
+
+
+class EvictionManager:
+    """Watches the node's signals, reports pressure, and evicts pods when a threshold is met.
+
+    ``latest_sample`` is the sampler's newest sample (None before the first);
+    ``refresh`` takes a new one at once, to see what node-level reclaim achieved (without
+    it, the manager waits for the sampler's next tick).
+    ``stopped`` says whether a pod has nothing running any more.
+    """
+
+    def __init__(
+        self,
+        config: EvictionConfig,
+        pods: EvictionPods,
+        latest_sample: Callable[[], Sample | None],
+        *,
+        wall_clock: Callable[[], float],
+        stopped: Callable[[str], bool],
+        events: EventRecorder | None = None,
+        metrics: AgentMetrics | None = None,
+        reclaimer: NodeReclaimer | None = None,
+        refresh: Callable[[], Awaitable[Sample]] | None = None,
+    ) -> None:
+        self.config = config
+        self.state = EvictionState()
+        self.conditions: tuple[str, ...] = ()
+        self.rounds = 0
+        # Wall time the last evicted pod was seen stopped: a sample older than that still
+        # counts what the pod used, and must not drive the next eviction.
+        self._settled_at = -math.inf
+        self._pods = pods
+        self._latest_sample = latest_sample
+        self._wall_clock = wall_clock
+        self._stopped = stopped
+        self._events = events if events is not None else EventRecorder()
+        self._metrics = metrics
+        self.reclaimer = reclaimer  # image and container GC, once wired
+        self._refresh = refresh
+
+    # -- what the rest of the agent reads ---------------------------------------------------
+
+    def node_conditions(self) -> tuple[str, ...]:
+        """The pressure conditions reported now (admission and the node status read them)."""
+        return self.conditions
+
+    def memory_pressure(self) -> bool:
+        return MEMORY_PRESSURE in self.conditions
+
+    def disk_pressure(self) -> bool:
+        return DISK_PRESSURE in self.conditions
+
+    def pid_pressure(self) -> bool:
+        return PID_PRESSURE in self.conditions
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> NoReturn:
+        """A round every monitoring interval; after an eviction, the next once the pod stopped."""
+        log.info(
+            "Eviction manager started: %d threshold(s), every %.0fs",
+            len(self.config.thresholds),
+            self.config.monitoring_interval,
+        )
+        task_status.started()
+        while True:
+            try:
+                evicted = await self.synchronize()
+            except Exception:  # a bad round must not end the node's protection
+                log.exception("Eviction manager: round failed")
+                evicted = None
+            if evicted is not None:
+                await self._wait_for_cleanup(evicted)
+            else:
+                await trio.sleep(self.config.monitoring_interval)
+
+    async def synchronize(self) -> str | None:
+        """One round; the UID of the pod evicted, or None."""
+        sample = self._latest_sample()
+        if sample is None or not self.config.thresholds or sample.timestamp <= self._settled_at:
+            return None
+        self.rounds += 1
+        observations = observe(sample, pods_memory_limit=self.config.pods_memory_limit)
+        assessment = assess(
+            self.config.thresholds,
+            observations,
+            self.state,
+            now=self._wall_clock(),
+            transition_period=self.config.transition_period,
+        )
+        self._update_conditions(assessment.conditions)
+        self.state = assessment.state
+        threshold, resource = assessment.threshold, assessment.resource
+        if threshold is None or resource is None:
+            return None
+        log.info("Eviction manager: attempting to reclaim %s (%s)", resource, threshold.signal)
+        self._events.node_event(
+            self._events.node_name, "Warning", REASON_THRESHOLD_MET,
+            f"Attempting to reclaim {resource}",
+        )
+        dedicated = dedicated_image_fs(sample)
+        if await self._reclaim_node_level(threshold, dedicated=dedicated):
+            log.info("Eviction manager: reduced %s pressure without evicting pods", resource)
+            return None
+        return self._evict_one(sample, assessment, observations, dedicated=dedicated)
+
+    def _update_conditions(self, conditions: tuple[str, ...]) -> None:
+        if conditions != self.conditions:
+            log.info(
+                "Eviction manager: node conditions now %s (were %s)",
+                list(conditions) or "none",
+                list(self.conditions) or "none",
+            )
+        self.conditions = conditions
+
+    async def _reclaim_node_level(self, threshold: Threshold, *, dedicated: bool) -> bool:
+        """Image and container GC for disk signals; True when that resolved every threshold."""
+        if self.reclaimer is None or not node_reclaim_applies(
+            threshold.signal, dedicated_image_fs=dedicated
+        ):
+            return False
+        try:
+            await self.reclaimer.reclaim(threshold.signal)
+        except Exception:
+            log.exception("Eviction manager: node-level reclaim for %s failed", threshold.signal)
+        sample = await self._sample_after(self._wall_clock())
+        if sample is None:
+            return False
+        observations = observe(sample, pods_memory_limit=self.config.pods_memory_limit)
+        return not thresholds_met(self.config.thresholds, observations, min_reclaim=True)
+
+    async def _sample_after(self, when: float) -> Sample | None:
+        """A sample taken after ``when``: ``refresh``'s, or the sampler's next one (None if
+        none comes within two intervals)."""
+        if self._refresh is not None:
+            return await self._refresh()
+        with trio.move_on_after(2 * self.config.monitoring_interval):
+            while True:
+                sample = self._latest_sample()
+                if sample is not None and sample.timestamp > when:
+                    return sample
+                await trio.sleep(_SAMPLE_POLL)
+        return None
+
+    def _evict_one(
+        self,
+        sample: Sample,
+        assessment: Assessment,
+        observations: dict[str, Observation],
+        *,
+        dedicated: bool,
+    ) -> str | None:
+        threshold, resource = assessment.threshold, assessment.resource
+        assert threshold is not None and resource is not None
+        pods = self._pods.active_pods()
+        if not pods:
+            log.error("Eviction manager: thresholds met, but no pods are active to evict")
+            return None
+        usage = pod_usage(sample)
+        ranked = rank_pods(threshold.signal, pods, usage, dedicated_image_fs=dedicated)
+        log.info(
+            "Eviction manager: pods ranked for eviction: %s",
+            ", ".join(p.full_name for p in ranked),
+        )
+        for pod in ranked:
+            uid = pod.metadata.uid
+            if is_critical_pod(pod):
+                log.info("Eviction manager: cannot evict critical pod %s", pod.full_name)
+                continue
+            message = eviction_message(
+                resource, pod, usage.get(uid), assessment.actionable, observations
+            )
+            grace = eviction_grace(threshold, pod, self.config.max_pod_grace_period)
+            if not self._pods.evict(uid, message, grace):
+                continue
+            self._events.pod_event(pod, "Warning", REASON_EVICTED, message)
+            log.info(
+                "Eviction manager: evicting pod %s (%s) with %ds grace: %s",
+                pod.full_name, uid, grace, message,
+            )
+            if self._metrics is not None:
+                self._metrics.evictions.labels(threshold.signal).inc()
+            return uid
+        log.info("Eviction manager: unable to evict any pods from the node")
+        return None
+
+    async def _wait_for_cleanup(self, uid: str) -> None:
+        """Until the evicted pod has nothing running, at most 30 s (Go's podCleanupTimeout)."""
+        await trio.lowlevel.checkpoint()  # never a round after round without yielding
+        with trio.move_on_after(POD_CLEANUP_TIMEOUT) as waited:
+            while not self._stopped(uid):
+                await trio.sleep(_CLEANUP_POLL)
+            log.info("Eviction manager: evicted pod %s is stopped", uid)
+        if waited.cancelled_caught:
+            log.warning("Eviction manager: evicted pod %s has not stopped after %.0fs", uid,
+                        POD_CLEANUP_TIMEOUT)
+        self._settled_at = self._wall_clock()
