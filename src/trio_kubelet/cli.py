@@ -328,6 +328,13 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
         "PERCENT",
     ),
     ConfigFlag("--serialize-image-pulls", "serializeImagePulls", _bool, "pull one image at a time"),
+    ConfigFlag(
+        "--minimum-image-ttl-duration",
+        "imageMinimumGCAge",
+        _duration,
+        "how long an unused image stays before image GC may remove it",
+        "DURATION",
+    ),
     ConfigFlag("--cgroup-driver", "cgroupDriver", str, "cgroupfs or systemd", "DRIVER"),
     ConfigFlag("--cgroup-root", "cgroupRoot", str, "root cgroup for pods", "CGROUP"),
     ConfigFlag("--cgroups-per-qos", "cgroupsPerQOS", _bool, "create the QoS cgroup hierarchy"),

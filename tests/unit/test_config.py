@@ -496,6 +496,7 @@ def test_go_style_command_line_runs_the_agent(
             "--feature-gates=A=true,B=false",
             "--cluster-dns=10.0.0.10",
             "--resolv-conf=",
+            "--minimum-image-ttl-duration=5m",
             "--record",
             "out.rec",
             "--record-max-bytes=10Mi",
@@ -512,6 +513,7 @@ def test_go_style_command_line_runs_the_agent(
     assert options.config.feature_gates == {"A": True, "B": False}
     assert options.config.cluster_dns == ["10.0.0.10"]
     assert options.config.resolv_conf == ""
+    assert options.config.image_minimum_gc_age == 300
     assert options.node_name == "node-1"
     assert options.record == Path("out.rec") and options.record_max_bytes == 10 * 2**20
     assert options.verbosity == 4 and options.log_level == logging.DEBUG
