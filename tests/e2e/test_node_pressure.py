@@ -60,10 +60,11 @@ def test_memory_pressure_reaches_the_node_and_admission(
             "Pod was rejected: The node had condition: [MemoryPressure]."
         )
 
-        # A Burstable pod is admitted and started; the pressure persisting, the eviction
-        # manager then evicts it (it is the only candidate), and says why.
+        # A Burstable pod is admitted (a cpu request only: the 1Pi threshold leaves the Node
+        # no allocatable memory, so a memory request would be OutOfmemory, as in Go); the
+        # pressure persisting, the eviction manager evicts it (the only candidate).
         burstable = pod_manifest("burstable", NODE, containerd.BUSYBOX_TAGGED, ["sleep", "3600"])
-        burstable["spec"]["containers"][0]["resources"] = {"requests": {"memory": "8Mi"}}
+        burstable["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "10m"}}
         api.create(PODS, burstable)
         evicted = api.wait(
             f"{PODS}/burstable",
