@@ -161,7 +161,9 @@ async def test_termination_messages_from_the_file_and_from_the_log(containerd, t
                 terminationMessagePath: /tmp/why
               - name: fallback
                 image: busybox:1.36
-                command: ["sh", "-c", "echo starting; echo 'panic: oops' >&2; exit 2"]
+                # stdout and stderr reach the log through separate pipes: the pause keeps
+                # the two lines in order in the file.
+                command: ["sh", "-c", "echo starting; sleep 1; echo 'panic: oops' >&2; exit 2"]
                 terminationMessagePolicy: FallbackToLogsOnError
               - name: fallback-ok
                 image: busybox:1.36
