@@ -450,6 +450,7 @@ async def run_agent(
                 stopped=store.is_stopped,
                 events=events,
                 metrics=metrics,
+                recorder=recorder,
             )
             loop.node_conditions = eviction.node_conditions
             async with trio.open_nursery() as nursery:

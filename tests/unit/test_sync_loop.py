@@ -274,6 +274,61 @@ async def test_an_admission_under_pressure_replays_from_its_record(
     assert not replay([header, *records]).ok
 
 
+async def test_an_eviction_replays_from_its_record(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """The manager's choice over the loop's real pods is recorded; replay re-chooses it."""
+    from tests.unit.test_eviction import MiB, make_sample, pod_sample
+    from trio_kubelet.config import KubeletConfiguration
+    from trio_kubelet.replay.records import EvictionRecord, Header
+    from trio_kubelet.replay.replayer import replay
+    from trio_kubelet.resources.eviction import EvictionConfig, EvictionManager
+
+    class ListRecorder:
+        def __init__(self) -> None:
+            self.records: list[Any] = []
+
+        def add(self, make: Callable[[], Any]) -> None:
+            self.records.append(make())
+
+    config = KubeletConfiguration.model_validate({"evictionHard": {"memory.available": "500Mi"}})
+    recorder = ListRecorder()
+    greedy = {"name": "main", "image": IMAGE, "resources": {"requests": {"memory": "100Mi"}}}
+    modest = {"name": "main", "image": IMAGE, "resources": {"requests": {"memory": "1Gi"}}}
+    web = make_pod("web", WEB, containers=[modest])
+    api = make_pod("api", API, containers=[greedy])
+    sample = make_sample(capacity=4096 * MiB, node_working_set=3800 * MiB, pods=[
+        pod_sample(WEB, memory={"main": 50 * MiB}), pod_sample(API, memory={"main": 900 * MiB}),
+    ])
+    async with fake_runtime(tmp_path) as runtime, \
+            agent(runtime, ("api",), recorder=recorder) as node:
+        await node.send.send(pod_set("api", web, api))
+        await node.wait_for(API, is_running)
+        evictions = EvictionManager(
+            EvictionConfig.from_config(config), node.loop, lambda: sample,
+            wall_clock=lambda: T0 + 1, stopped=node.store.is_stopped, recorder=recorder,
+        )
+        assert await evictions.synchronize() == API
+
+    header = Header(agent_version="test", node="n", start_time=T0, config=config.to_wire(),
+                    sources=["api"])
+    (record,) = [r for r in recorder.records if isinstance(r, EvictionRecord)]
+    assert record.uid == API and record.grace == 1 and record.actionable == [
+        ("memory.available", True)]
+    assert record.message is not None and "Container main was using 900Mi" in record.message
+    result = replay([header, *recorder.records])
+    assert result.ok and result.evictions == 1
+    # Other figures (the modest pod now the one beyond its request) choose another pod.
+    usage = {**record.usage, WEB: {**record.usage[WEB], "memory": 2048 * MiB,
+                                   "container_memory": {"main": 2048 * MiB}},
+             API: {**record.usage[API], "memory": 10 * MiB, "container_memory": {"main": 1}}}
+    tampered = record.model_copy(update={"usage": usage})
+    records = [tampered if r is record else r for r in recorder.records]
+    diverged = replay([header, *records])
+    assert diverged.divergence is not None
+    assert diverged.divergence.reason == "the replayed eviction differs from the recorded one"
+
+
 # -- routing and coalescing --------------------------------------------------------------------
 
 

@@ -577,6 +577,39 @@ def rank_pods(
     return sorted(pods, key=key)
 
 
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """The pod a round evicts, why (the status message) and with what grace."""
+
+    pod: Pod
+    message: str
+    grace: int
+
+
+def choose_victim(
+    threshold: Threshold,
+    actionable: Sequence[Threshold],
+    observations: Mapping[str, Observation],
+    pods: Sequence[Pod],
+    usage: Mapping[str, PodUsage],
+    *,
+    dedicated_image_fs: bool,
+    max_pod_grace_period: int,
+    refused: Collection[str] = (),
+) -> Victim | None:
+    """The first pod in eviction order that may go: not critical, and not one whose worker
+    ``refused`` the eviction (gone or finished meanwhile); None when no pod may."""
+    resource = RESOURCE_OF[threshold.signal]
+    ranked = rank_pods(threshold.signal, pods, usage, dedicated_image_fs=dedicated_image_fs)
+    for pod in ranked:
+        uid = pod.metadata.uid
+        if is_critical_pod(pod) or uid in refused:
+            continue
+        message = eviction_message(resource, pod, usage.get(uid), actionable, observations)
+        return Victim(pod, message, eviction_grace(threshold, pod, max_pod_grace_period))
+    return None
+
+
 def eviction_grace(threshold: Threshold, pod: Pod, max_pod_grace_period: int) -> int:
     """The grace period the eviction kills with: 1 s for a hard threshold, else the smaller
     of evictionMaxPodGracePeriod and the pod's own."""

@@ -258,6 +258,11 @@ class SyncLoop:
         """The pods admitted and not finished: what eviction may choose from."""
         return [pod for worker in self.workers.values() if (pod := worker.admitted_pod)]
 
+    def spec_seq(self, uid: str) -> int:
+        """The seq of the event that set the pod's spec (-1: unknown), for recordings."""
+        worker = self.workers.get(uid)
+        return worker.spec_seq if worker is not None else -1
+
     def evict(self, uid: str, message: str, grace: int) -> bool:
         """Have the pod's worker kill it with ``grace`` and mark it Failed/Evicted.
 

@@ -24,6 +24,7 @@ from trio_kubelet.replay.records import (
     CRIRecord,
     DecisionRecord,
     EventRecord,
+    EvictionRecord,
     Header,
     Record,
     SnapshotRecord,
@@ -40,6 +41,7 @@ _MODELS: dict[str, type[BaseModel]] = {
     "cri": CRIRecord,
     "decision": DecisionRecord,
     "admission": AdmissionRecord,
+    "eviction": EvictionRecord,
     "status": StatusRecord,
     "teardown": TeardownRecord,
 }

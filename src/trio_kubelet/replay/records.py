@@ -107,6 +107,28 @@ class AdmissionRecord(_Record):
     message: str | None = None
 
 
+class EvictionRecord(_Record):
+    """A round that chose a pod to evict: the inputs of ``core.eviction.choose_victim``.
+
+    ``actionable`` names the thresholds met (signal, hard?), most urgent first, as the
+    recording's configuration defines them; ``observations`` maps a signal to
+    [available, capacity, time]; ``candidates`` maps the active pods' UIDs (in the order
+    the loop gave them) to the seq of the event that set their specs; ``usage`` holds
+    each pod's ``PodUsage`` fields; ``refused`` the pods whose workers declined.
+    """
+
+    kind: Literal["eviction"] = "eviction"
+    actionable: list[tuple[str, bool]]
+    observations: dict[str, tuple[int, int, float]]
+    dedicated_image_fs: bool
+    candidates: dict[str, int]
+    usage: dict[str, dict[str, Any]]
+    refused: list[str] = Field(default_factory=list)
+    uid: str | None = None  # None: no pod could be evicted
+    message: str | None = None
+    grace: int | None = None
+
+
 class StatusRecord(_Record):
     """The API status a sync published (for the timeline and for readers of a recording)."""
 
@@ -155,6 +177,7 @@ Record = Annotated[
     | CRIRecord
     | DecisionRecord
     | AdmissionRecord
+    | EvictionRecord
     | StatusRecord
     | TeardownRecord,
     Field(discriminator="kind"),

@@ -24,6 +24,7 @@ import trio
 import trio.testing
 from pydantic import ValidationError
 
+from trio_kubelet.config import ConfigError, KubeletConfiguration
 from trio_kubelet.core.actions import PodActions, compute_pod_actions
 from trio_kubelet.core.admission import admit
 from trio_kubelet.core.backoff import (
@@ -34,6 +35,7 @@ from trio_kubelet.core.backoff import (
     format_duration,
     gate_container_start,
 )
+from trio_kubelet.core.eviction import Observation, PodUsage, Threshold, choose_victim
 from trio_kubelet.core.observed import (
     ContainerState,
     ProbeResult,
@@ -51,10 +53,12 @@ from trio_kubelet.replay.records import (
     ContainerStart,
     DecisionRecord,
     EventRecord,
+    EvictionRecord,
     Header,
     Record,
     SnapshotRecord,
 )
+from trio_kubelet.resources.eviction import EvictionConfig
 
 # How far trio's clock may lag behind the record being replayed (see replay_in_virtual_time).
 CLOCK_STEP = 0.01
@@ -99,6 +103,7 @@ class ReplayResult:
     events: int = 0
     decisions: int = 0
     admissions: int = 0
+    evictions: int = 0
     gates: int = 0
     divergences: int = 0
     divergence: Divergence | None = None  # the first one
@@ -131,6 +136,7 @@ class Replayer:
         self._config = PodConfig(())
         self._versions: dict[tuple[str, int], Pod] = {}
         self._pod_matches: dict[str, bool] = {}
+        self._eviction_thresholds: tuple[Threshold, ...] | None = None
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -164,6 +170,8 @@ class Replayer:
             self._decision(line, t, record)
         elif isinstance(record, AdmissionRecord):
             self._admission(line, t, record)
+        elif isinstance(record, EvictionRecord):
+            self._eviction(line, t, record)
         elif isinstance(record, EventRecord):
             self._event(line, record)
             result.events += 1
@@ -316,6 +324,69 @@ class Replayer:
         self.result.trace.append(
             DecisionTrace(line, t, record.pod, record.uid, summary, diverged=diverged)
         )
+
+    def _eviction(self, line: int, t: float, record: EvictionRecord) -> None:
+        """Re-choose the evicted pod from the recorded figures and the pods' spec versions."""
+        self.result.evictions += 1
+        recorded = {"uid": record.uid, "message": record.message, "grace": record.grace}
+        missing = [uid for uid, seq in record.candidates.items()
+                   if (uid, seq) not in self._versions]
+        if missing:
+            self._diverge(line, missing[0],
+                          f"the spec of pod {missing[0]} is not in the recording", recorded, {})
+            return
+        pods = [self._versions[key] for key in record.candidates.items()]
+        thresholds = self._thresholds(line)
+        try:
+            actionable = [
+                next(th for th in thresholds if (th.signal, th.hard) == (signal, hard))
+                for signal, hard in record.actionable
+            ]
+            usage = {uid: PodUsage(**fields) for uid, fields in record.usage.items()}
+        except (StopIteration, TypeError) as err:
+            raise RecordingError(
+                line, f"a threshold or pod usage the configuration does not explain: {err}"
+            ) from None
+        if not actionable:
+            raise RecordingError(line, "actionable: no threshold")
+        observations = {
+            signal: Observation(*figures) for signal, figures in record.observations.items()
+        }
+        config = self.header.config if self.header else {}
+        victim = choose_victim(
+            actionable[0],
+            actionable,
+            observations,
+            pods,
+            usage,
+            dedicated_image_fs=record.dedicated_image_fs,
+            max_pod_grace_period=int(config.get("evictionMaxPodGracePeriod") or 0),
+            refused=record.refused,
+        )
+        replayed = {
+            "uid": victim.pod.metadata.uid if victim else None,
+            "message": victim.message if victim else None,
+            "grace": victim.grace if victim else None,
+        }
+        pod = victim.pod.full_name if victim else "(none)"
+        diverged = replayed != recorded
+        if diverged:
+            self._diverge(line, pod, "the replayed eviction differs from the recorded one",
+                          recorded, replayed)
+        summary = f"evict ({actionable[0].signal}): {victim.message}" if victim else "evict none"
+        uid = victim.pod.metadata.uid if victim else ""
+        self.result.trace.append(DecisionTrace(line, t, pod, uid, summary, diverged=diverged))
+
+    def _thresholds(self, line: int) -> tuple[Threshold, ...]:
+        """The eviction thresholds of the recording's configuration (parsed once)."""
+        if self._eviction_thresholds is None:
+            try:
+                wire = self.header.config if self.header else {}
+                config = KubeletConfiguration.model_validate(wire)
+                self._eviction_thresholds = EvictionConfig.from_config(config).thresholds
+            except (ValidationError, ConfigError) as err:
+                raise RecordingError(line, f"header config: {err}") from None
+        return self._eviction_thresholds
 
     def _check_gate(
         self,

@@ -11,6 +11,7 @@ looking again, as the Go kubelet does, and then only at a sample taken after tha
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -31,13 +32,13 @@ from trio_kubelet.core.eviction import (
     Assessment,
     EvictionState,
     Observation,
+    PodUsage,
     Threshold,
     ThresholdError,
+    Victim,
     assess,
+    choose_victim,
     dedicated_image_fs,
-    eviction_grace,
-    eviction_message,
-    is_critical_pod,
     node_reclaim_applies,
     observe,
     parse_thresholds,
@@ -49,6 +50,8 @@ from trio_kubelet.core.stats import Sample
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.pod import Pod
+from trio_kubelet.replay.recorder import Recorder
+from trio_kubelet.replay.records import EvictionRecord
 
 __all__ = ["EvictionConfig", "EvictionManager", "EvictionPods", "NodeReclaimer", "NodeReclaimers"]
 
@@ -84,6 +87,8 @@ class EvictionPods(Protocol):
     """The pods eviction chooses from and the way to evict one (the sync loop has both)."""
 
     def active_pods(self) -> list[Pod]: ...
+
+    def spec_seq(self, uid: str) -> int: ...
 
     def evict(self, uid: str, message: str, grace: int) -> bool: ...
 
@@ -150,6 +155,7 @@ class EvictionManager:
         metrics: AgentMetrics | None = None,
         reclaimer: NodeReclaimer | None = None,
         refresh: Callable[[], Awaitable[Sample]] | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.config = config
         self.state = EvictionState()
@@ -166,6 +172,7 @@ class EvictionManager:
         self._metrics = metrics
         self.reclaimer = reclaimer  # image and container GC, once wired
         self._refresh = refresh
+        self._recorder = recorder
 
     # -- what the rest of the agent reads ---------------------------------------------------
 
@@ -281,39 +288,85 @@ class EvictionManager:
         *,
         dedicated: bool,
     ) -> str | None:
-        threshold, resource = assessment.threshold, assessment.resource
-        assert threshold is not None and resource is not None
+        threshold = assessment.threshold
+        assert threshold is not None
         pods = self._pods.active_pods()
         if not pods:
             log.error("Eviction manager: thresholds met, but no pods are active to evict")
             return None
         usage = pod_usage(sample)
-        ranked = rank_pods(threshold.signal, pods, usage, dedicated_image_fs=dedicated)
         log.info(
             "Eviction manager: pods ranked for eviction: %s",
-            ", ".join(p.full_name for p in ranked),
+            ", ".join(
+                p.full_name
+                for p in rank_pods(threshold.signal, pods, usage, dedicated_image_fs=dedicated)
+            ),
         )
-        for pod in ranked:
-            uid = pod.metadata.uid
-            if is_critical_pod(pod):
-                log.info("Eviction manager: cannot evict critical pod %s", pod.full_name)
-                continue
-            message = eviction_message(
-                resource, pod, usage.get(uid), assessment.actionable, observations
+        refused: list[str] = []
+        while True:
+            victim = choose_victim(
+                threshold,
+                assessment.actionable,
+                observations,
+                pods,
+                usage,
+                dedicated_image_fs=dedicated,
+                max_pod_grace_period=self.config.max_pod_grace_period,
+                refused=refused,
             )
-            grace = eviction_grace(threshold, pod, self.config.max_pod_grace_period)
-            if not self._pods.evict(uid, message, grace):
-                continue
-            self._events.pod_event(pod, "Warning", REASON_EVICTED, message)
-            log.info(
-                "Eviction manager: evicting pod %s (%s) with %ds grace: %s",
-                pod.full_name, uid, grace, message,
+            if victim is None or self._pods.evict(
+                victim.pod.metadata.uid, victim.message, victim.grace
+            ):
+                break
+            refused.append(victim.pod.metadata.uid)
+        self._record(assessment, observations, pods, usage, refused, victim, dedicated=dedicated)
+        if victim is None:
+            log.info("Eviction manager: unable to evict any pods from the node")
+            return None
+        pod, uid = victim.pod, victim.pod.metadata.uid
+        self._events.pod_event(pod, "Warning", REASON_EVICTED, victim.message)
+        log.info(
+            "Eviction manager: evicting pod %s (%s) with %ds grace: %s",
+            pod.full_name, uid, victim.grace, victim.message,
+        )
+        if self._metrics is not None:
+            self._metrics.evictions.labels(threshold.signal).inc()
+        return uid
+
+    def _record(
+        self,
+        assessment: Assessment,
+        observations: dict[str, Observation],
+        pods: list[Pod],
+        usage: dict[str, PodUsage],
+        refused: list[str],
+        victim: Victim | None,
+        *,
+        dedicated: bool,
+    ) -> None:
+        """The choice's inputs and outcome as an ``EvictionRecord``, when recording."""
+        recorder = self._recorder
+        if recorder is None:
+            return
+        t = trio.current_time()
+        candidates = {p.metadata.uid: self._pods.spec_seq(p.metadata.uid) for p in pods}
+        recorder.add(
+            lambda: EvictionRecord(
+                t=t,
+                actionable=[(th.signal, th.hard) for th in assessment.actionable],
+                observations={
+                    signal: (o.available, o.capacity, o.time)
+                    for signal, o in observations.items()
+                },
+                dedicated_image_fs=dedicated,
+                candidates=candidates,
+                usage={uid: dataclasses.asdict(u) for uid, u in usage.items() if uid in candidates},
+                refused=list(refused),
+                uid=victim.pod.metadata.uid if victim else None,
+                message=victim.message if victim else None,
+                grace=victim.grace if victim else None,
             )
-            if self._metrics is not None:
-                self._metrics.evictions.labels(threshold.signal).inc()
-            return uid
-        log.info("Eviction manager: unable to evict any pods from the node")
-        return None
+        )
 
     async def _wait_for_cleanup(self, uid: str) -> None:
         """Until the evicted pod has nothing running, at most 30 s (Go's podCleanupTimeout)."""
