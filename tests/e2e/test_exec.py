@@ -13,6 +13,7 @@ import select
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,6 +85,10 @@ def test_exec_passes_stdout_stderr_and_the_exit_code(
     assert done.stdout == b"out\n"
     assert done.stderr.startswith(b"err\n"), done.stderr
     assert done.returncode == 3, done.stderr
+    # kubectl may return before the agent has closed both connections and logged the end.
+    deadline = time.monotonic() + 10
+    while "SPDY session ended" not in talk.text() and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert "SPDY session ended" in talk.text()
 
 
