@@ -43,7 +43,13 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from bench_steady_state import cpu_seconds, fake_runtime, stop_process, tree_version
+from bench_steady_state import (
+    cpu_seconds,
+    fake_runtime,
+    sleep_pod_manifest,
+    stop_process,
+    tree_version,
+)
 
 NODE = "bench"
 IMAGE = "docker.io/library/busybox:1.36"
@@ -53,22 +59,6 @@ KEYS = {"/healthz": "healthz", "/pods": "pods", "/stats/summary": "summary",
 TARGETS = {"healthz_p99_ms": 5, "pods_p99_ms": 50, "summary_p99_ms": 100, "cadvisor_p99_ms": 100}
 REQUEST_TIMEOUT = 30.0
 PHASE_TIMEOUT = 300.0
-
-MANIFEST = """\
-apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  labels: {{app: http}}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: sleep
-    image: {image}
-    imagePullPolicy: IfNotPresent
-    command: ["sleep", "3600"]
-"""
-
 
 def free_ports(count: int) -> list[int]:
     socks = []
@@ -265,7 +255,7 @@ def run(args: argparse.Namespace, httpx: Any) -> dict[str, Any]:
     manifests.mkdir()
     for index in range(args.pods):
         name = f"http-{index:03d}"
-        (manifests / f"{name}.yaml").write_text(MANIFEST.format(name=name, image=IMAGE))
+        (manifests / f"{name}.yaml").write_text(sleep_pod_manifest(name, IMAGE, "http"))
     agent_log = workdir / "agent.log"
     port, read_only_port, healthz_port = free_ports(3)
     result: dict[str, Any] = {"bench": "http", "pods": args.pods, "runtime": "fake",

@@ -76,6 +76,7 @@ from bench_steady_state import (
     fake_runtime,
     private_containerd,
     rss_mib,
+    sleep_pod_manifest,
     stop_process,
     tree_version,
 )
@@ -90,21 +91,6 @@ IMAGE = "docker.io/library/busybox:1.36"
 TARGET_ADDED_CPU_PERCENT = 10.0
 TARGET_JITTER_P99_MS = 100.0
 EARLY = 0.001  # a tick more than this before its deadline was triggered, not timed
-
-MANIFEST = """\
-apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  labels: {{app: probes}}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: sleep
-    image: {image}
-    imagePullPolicy: IfNotPresent
-    command: ["sleep", "3600"]
-{probes}"""
 
 LIVENESS = """\
     livenessProbe:
@@ -252,7 +238,7 @@ def write_manifests(directory: Path, pods: int, with_probes: bool, period: int,
     for index in range(pods):
         name = f"probes-{index:03d}"
         (directory / f"{name}.yaml").write_text(
-            MANIFEST.format(name=name, image=IMAGE, probes=probes))
+            sleep_pod_manifest(name, IMAGE, "probes", probes))
 
 
 def running_and_ready(store: PodStatusStore, pods: int) -> tuple[int, int]:

@@ -57,12 +57,12 @@ IMAGE = "docker.io/library/busybox:1.36"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
-MANIFEST = """\
+_MANIFEST = """\
 apiVersion: v1
 kind: Pod
 metadata:
   name: {name}
-  labels: {{app: steady}}
+  labels: {{app: {app}}}
 spec:
   terminationGracePeriodSeconds: 1
   containers:
@@ -70,7 +70,13 @@ spec:
     image: {image}
     imagePullPolicy: IfNotPresent
     command: ["sleep", "3600"]
-"""
+{extra}"""
+
+
+def sleep_pod_manifest(name: str, image: str, app: str, extra: str = "") -> str:
+    """A static pod of one ``sleep`` container (the benches' pods); ``extra`` is appended
+    to the container's lines (probes)."""
+    return _MANIFEST.format(name=name, image=image, app=app, extra=extra)
 
 
 # --- processes --------------------------------------------------------------------------------
@@ -192,7 +198,7 @@ def write_manifests(directory: Path, pods: int) -> None:
     directory.mkdir(parents=True)
     for index in range(pods):
         name = f"steady-{index:03d}"
-        (directory / f"{name}.yaml").write_text(MANIFEST.format(name=name, image=IMAGE))
+        (directory / f"{name}.yaml").write_text(sleep_pod_manifest(name, IMAGE, "steady"))
 
 
 def wait_all_running(endpoint: str, pods: int, agent: subprocess.Popen[Any], timeout: float,
