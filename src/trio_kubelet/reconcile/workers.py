@@ -593,22 +593,7 @@ class PodWorker:
         failure = await run_hook(ctx.client, hook, pod, container, container_id, pod_ip)
         if failure is None:
             return
-        log.warning(
-            "postStart hook of container %s of pod %s (%s) failed: %s",
-            container.name,
-            pod.full_name,
-            self.uid,
-            failure,
-        )
-        # As Go, the event leaves the hook's output out: it may hold secrets.
-        ctx.events.pod_event(
-            pod,
-            "Warning",
-            "FailedPostStartHook",
-            "PostStartHook failed",
-            container.name,
-            logged=True,
-        )
+        self._report_hook_failure(pod, container, "postStart", failure)
         await self._kill_container(
             pod,
             container_id,
@@ -747,22 +732,7 @@ class PodWorker:
                 grace,
             )
         elif failure is not None:
-            log.warning(
-                "preStop hook of container %s of pod %s (%s) failed: %s",
-                container.name,
-                pod.full_name,
-                self.uid,
-                failure,
-            )
-            # As Go, the event leaves the hook's output out: it may hold secrets.
-            ctx.events.pod_event(
-                pod,
-                "Warning",
-                "FailedPreStopHook",
-                "PreStopHook failed",
-                container.name,
-                logged=True,
-            )
+            self._report_hook_failure(pod, container, "preStop", failure)
         return trio.current_time() - started
 
     def _pod_ip(self, pod: Pod, runtime: RuntimePodStatus) -> str:
@@ -786,6 +756,20 @@ class PodWorker:
             exited = [c for c in runtime.instances(init.name) if c.state is ContainerState.EXITED]
             for instance in exited[1:] if keep_newest else exited:
                 await self._ctx.client.remove_container(instance.id)
+
+    def _report_hook_failure(
+        self, pod: Pod, container: Container, hook: str, failure: str
+    ) -> None:
+        """A log line with the hook's output (``hook``: the spec's field name), a
+        Failed<Hook>Hook event without it (as Go: the output may hold secrets)."""
+        log.warning(
+            "%s hook of container %s of pod %s (%s) failed: %s",
+            hook, container.name, pod.full_name, self.uid, failure,
+        )
+        name = hook[0].upper() + hook[1:]
+        self._ctx.events.pod_event(
+            pod, "Warning", f"Failed{name}Hook", f"{name}Hook failed", container.name, logged=True
+        )
 
     # -- teardown ---------------------------------------------------------------------------
 
