@@ -21,7 +21,6 @@ from trio_kubelet.apiserver.services import ServiceCache
 from trio_kubelet.apiserver.tokens import TokenSource
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.config import AgentOptions
-from trio_kubelet.core.phase import rfc3339
 from trio_kubelet.core.pod_cgroups import kubepods_config
 from trio_kubelet.core.pod_dns import (
     CHECK_LIMITS_FOR_RESOLV_CONF,
@@ -30,6 +29,7 @@ from trio_kubelet.core.pod_dns import (
     parse_resolv_conf,
     resolv_conf_problem,
 )
+from trio_kubelet.core.timestamps import format_time
 from trio_kubelet.events import Event, ResyncTick
 from trio_kubelet.images.gc import ImageGC, image_gc_policy
 from trio_kubelet.images.manager import ImageManager
@@ -295,7 +295,8 @@ async def _run_cluster_tasks(
     )
     nursery.start_soon(mirrors.run)
     statuses = StatusManager(
-        api, ctx.store, pods, mirror_of=mirrors.mirror_of, wall_time=lambda: rfc3339(clock.now())
+        api, ctx.store, pods, mirror_of=mirrors.mirror_of,
+        wall_time=lambda: format_time(clock.now()),
     )
     nursery.start_soon(statuses.run)
 

@@ -7,10 +7,10 @@ telling reason (Init:1/2, CrashLoopBackOff, Completed, Error, …), not just the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TextIO
 
 from trio_kubelet.clock import TrioWallClock
+from trio_kubelet.core.timestamps import parse_time
 from trio_kubelet.model.pod import ContainerStatus, Pod, is_sidecar
 from trio_kubelet.status.store import PodStatusStore
 
@@ -119,7 +119,7 @@ def pod_row(pod: Pod, now: float) -> PodRow:
     restarts = sum(
         s.restart_count for s in (*status.init_container_statuses, *status.container_statuses)
     )
-    started = _parse_time(status.start_time) or now
+    started = parse_time(status.start_time) or now
     return PodRow(
         name=pod.metadata.name,
         phase=status.phase,
@@ -128,12 +128,6 @@ def pod_row(pod: Pod, now: float) -> PodRow:
         restarts=restarts,
         started=started,
     )
-
-
-def _parse_time(value: str | None) -> float | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
 def header() -> str:

@@ -21,13 +21,13 @@ from trio_kubelet.server.crilog import (
     log_options_from_query,
     open_log,
     parse_chunk,
-    parse_rfc3339,
+    parse_rfc3339_nanos,
     read_log,
     timestamp_ns,
 )
 
 T0 = "2024-05-01T10:00:00"
-NOW = parse_rfc3339("2024-05-01T10:01:00Z")
+NOW = parse_rfc3339_nanos("2024-05-01T10:01:00Z")
 
 
 def line(second: int, stream: str, tag: str, text: str, fraction: str = "5") -> bytes:
@@ -68,9 +68,9 @@ def test_timestamps_keep_nanoseconds_and_zones() -> None:
     assert timestamp_ns(b"2024-02-30T00:00:00Z") is None  # no such day
     assert timestamp_ns(b"2024-05-01T10:00:00") is None  # no zone
     expected = int(datetime.fromisoformat("2024-05-01T10:00:00+00:00").timestamp()) * 10**9
-    assert parse_rfc3339("2024-05-01T10:00:00Z") == expected
+    assert parse_rfc3339_nanos("2024-05-01T10:00:00Z") == expected
     with pytest.raises(ValueError):
-        parse_rfc3339("2024-05-01")
+        parse_rfc3339_nanos("2024-05-01")
 
 
 def test_format_timestamp_pads_to_nine_digits_like_go() -> None:
@@ -166,7 +166,7 @@ def test_timestamps_prefix_each_line_with_its_first_chunk_time() -> None:
 
 def test_since_skips_older_lines() -> None:
     data = line(1, "stdout", "F", "old") + line(30, "stdout", "F", "new")
-    since = parse_rfc3339("2024-05-01T10:00:10Z")
+    since = parse_rfc3339_nanos("2024-05-01T10:00:10Z")
     assert decode(data, LogOptions(since_ns=since)) == b"new\n"
 
 

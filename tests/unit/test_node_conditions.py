@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from trio_kubelet.core.timestamps import format_time
 from trio_kubelet.node.conditions import (
     aggregate_message,
     conditions_changed,
-    format_time,
     node_conditions,
     runtime_condition_error,
     runtime_errors,

@@ -17,7 +17,8 @@ from trio_kubelet.core.observed import (
     RuntimeSandbox,
     SandboxState,
 )
-from trio_kubelet.core.phase import compute_pod_status, get_phase, rfc3339
+from trio_kubelet.core.phase import compute_pod_status, get_phase
+from trio_kubelet.core.timestamps import format_time
 from trio_kubelet.model.pod import (
     ContainerState,
     ContainerStateRunning,
@@ -184,7 +185,7 @@ def test_new_pod_is_pending_and_creating() -> None:
     assert (cond["Ready"].status, cond["Ready"].reason) == ("False", "ContainersNotReady")
     assert cond["PodScheduled"].status == "True"
     assert all(c.last_transition_time == "2026-11-22T10:00:00Z" for c in status.conditions)
-    assert status.start_time == rfc3339(NOW)
+    assert status.start_time == format_time(NOW)
     assert status.qos_class == "BestEffort"
     assert status.pod_ip is None and status.pod_ips == []
 
@@ -307,12 +308,12 @@ def test_transition_time_kept_while_status_unchanged() -> None:
     pod = make_pod()
     first = compute_pod_status(pod, runtime(instance("app", "c1")), now=NOW)
     later = compute_pod_status(pod, runtime(instance("app", "c1")), now=NOW + 30, previous=first)
-    assert conditions(later)["Ready"].last_transition_time == rfc3339(NOW)
+    assert conditions(later)["Ready"].last_transition_time == format_time(NOW)
     exited = runtime(instance("app", "c1", RuntimeState.EXITED, exit_code=1))
     changed = compute_pod_status(pod, exited, now=NOW + 60, previous=later)
-    assert conditions(changed)["Ready"].last_transition_time == rfc3339(NOW + 60)
-    assert conditions(changed)["PodScheduled"].last_transition_time == rfc3339(NOW)
-    assert changed.start_time == rfc3339(NOW)
+    assert conditions(changed)["Ready"].last_transition_time == format_time(NOW + 60)
+    assert conditions(changed)["PodScheduled"].last_transition_time == format_time(NOW)
+    assert changed.start_time == format_time(NOW)
 
 
 def test_terminal_phase_never_regresses() -> None:

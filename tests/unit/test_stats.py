@@ -27,9 +27,9 @@ from trio_kubelet.core.stats import (
     build_summary,
     cpu_nano_cores,
     memory_limit,
-    rfc3339,
     working_set,
 )
+from trio_kubelet.core.timestamps import format_time
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.server.app import create_app
 from trio_kubelet.server.routes_stats import stats_blueprint
@@ -107,7 +107,7 @@ def test_figures_arithmetic() -> None:
     assert cpu_nano_cores(None, 0.0, 5, 1.0) is None
     assert cpu_nano_cores(10, 0.0, 5, 1.0) is None, "a counter going back is a new cgroup"
     assert cpu_nano_cores(5, 1.0, 10, 1.0) is None
-    assert rfc3339(T + 0.9) == "2023-11-14T22:13:20Z"
+    assert format_time(T + 0.9) == "2023-11-14T22:13:20Z"
 
 
 def test_build_sample_rates_and_pod_sums() -> None:
@@ -160,20 +160,20 @@ def test_summary_has_the_statsapi_shape() -> None:
     node_stats = summary["node"]
     assert set(node_stats) == {"nodeName", "startTime", "cpu", "memory", "fs", "runtime", "rlimit"}
     assert node_stats["nodeName"] == "node-1"
-    assert node_stats["startTime"] == rfc3339(T - 3600)
-    assert node_stats["cpu"] == {"time": rfc3339(T + 10), "usageNanoCores": 1_000_000_000,
+    assert node_stats["startTime"] == format_time(T - 3600)
+    assert node_stats["cpu"] == {"time": format_time(T + 10), "usageNanoCores": 1_000_000_000,
                                  "usageCoreNanoSeconds": 1010 * 10**9}
     assert node_stats["memory"] == {
-        "time": rfc3339(T + 10), "availableBytes": 3072 * MiB, "usageBytes": 1029 * MiB,
+        "time": format_time(T + 10), "availableBytes": 3072 * MiB, "usageBytes": 1029 * MiB,
         "workingSetBytes": 1024 * MiB, "rssBytes": 512 * MiB, "pageFaults": 100,
         "majorPageFaults": 1}
     assert node_stats["fs"] == {
-        "time": rfc3339(T + 10), "availableBytes": 40 * MiB, "capacityBytes": 100 * MiB,
+        "time": format_time(T + 10), "availableBytes": 40 * MiB, "capacityBytes": 100 * MiB,
         "usedBytes": 50 * MiB, "inodesFree": 600, "inodes": 1000, "inodesUsed": 400}
     image_fs = node_stats["runtime"]["imageFs"]
     assert (image_fs["usedBytes"], image_fs["inodesUsed"]) == (30 * MiB, 300), "CRI's figures"
     assert image_fs["capacityBytes"] == 200 * MiB
-    assert node_stats["rlimit"] == {"time": rfc3339(T + 10), "maxpid": 32768, "curproc": 200}
+    assert node_stats["rlimit"] == {"time": format_time(T + 10), "maxpid": 32768, "curproc": 200}
 
     (pod,) = summary["pods"]
     assert set(pod) == {"podRef", "startTime", "containers", "cpu", "memory",
@@ -186,7 +186,7 @@ def test_summary_has_the_statsapi_shape() -> None:
     app, sidecar = pod["containers"]
     assert set(app) == {"name", "startTime", "cpu", "memory", "rootfs", "logs"}
     assert set(sidecar) == {"name", "startTime", "cpu", "memory"}
-    assert app["name"] == "app" and app["startTime"] == rfc3339(T - 50)
+    assert app["name"] == "app" and app["startTime"] == format_time(T - 50)
     assert app["cpu"]["usageNanoCores"] == 500_000_000
     assert app["memory"]["availableBytes"] == 78 * MiB, "limit - working set"
     assert set(app["memory"]) == {"time", "availableBytes", "usageBytes", "workingSetBytes",

@@ -14,7 +14,7 @@ from typing import Any
 from trio_kubelet.apiserver.client import APIClient
 from trio_kubelet.apiserver.errors import APIError
 from trio_kubelet.core.objects import ObjectUnavailable
-from trio_kubelet.core.probes import parse_rfc3339
+from trio_kubelet.core.timestamps import parse_time
 from trio_kubelet.model.pod import Pod
 
 DEFAULT_EXPIRATION = 3600  # the API's default for a projected token's expirationSeconds
@@ -68,7 +68,7 @@ class TokenSource:
                 f"failed to fetch token for service account {meta.namespace}/{account}: {err}"
             ) from None
         status = reply.get("status") or {}
-        expires = parse_rfc3339(status.get("expirationTimestamp")) or now + ttl
+        expires = parse_time(status.get("expirationTimestamp")) or now + ttl
         lifetime = max(0.0, expires - now)
         self._tokens[key] = _Token(
             str(status.get("token", "")), now + min(lifetime * REFRESH_AT, MAX_KEEP), expires

@@ -22,9 +22,10 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Literal
 
-from trio_kubelet.core.phase import is_static_pod, rfc3339
+from trio_kubelet.core.phase import is_static_pod
 from trio_kubelet.core.pod_cgroups import pod_requests
 from trio_kubelet.core.stats import PodSample, Sample
+from trio_kubelet.core.timestamps import format_time
 from trio_kubelet.model.pod import Pod, PodCondition, PodStatus
 from trio_kubelet.model.quantity import QuantityError, parse_quantity
 from trio_kubelet.node.registration import format_quantity
@@ -674,7 +675,7 @@ def evicted_status(status: PodStatus, message: str, now: float) -> PodStatus:
         status="True",
         reason=TERMINATION_BY_KUBELET,
         message=message,
-        last_transition_time=rfc3339(now),
+        last_transition_time=format_time(now),
     )
     conditions = []
     for condition in status.conditions:

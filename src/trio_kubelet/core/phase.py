@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Literal
 
 from trio_kubelet.core.actions import pod_sandbox_changed, should_container_be_restarted
+from trio_kubelet.core.container_ids import status_container_id
 from trio_kubelet.core.observed import (
     ContainerState as RuntimeState,
 )
@@ -24,6 +24,7 @@ from trio_kubelet.core.observed import (
     SandboxState,
 )
 from trio_kubelet.core.qos import pod_qos_class
+from trio_kubelet.core.timestamps import format_time
 from trio_kubelet.model.pod import (
     Container,
     ContainerState,
@@ -63,13 +64,8 @@ def is_static_pod(pod: Pod) -> bool:
     return source is not None and source != "api"
 
 
-def rfc3339(seconds: float) -> str:
-    """Epoch seconds as the API's timestamp format, e.g. 2026-11-22T10:00:00Z."""
-    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _time_or_none(seconds: float) -> str | None:
-    return rfc3339(seconds) if seconds else None
+    return format_time(seconds) if seconds else None
 
 
 # -- phase -----------------------------------------------------------------------------
@@ -214,7 +210,7 @@ def _runtime_state(
     ctx: _Context, instance: RuntimeContainer, old: ContainerStatus | None
 ) -> tuple[ContainerState, int]:
     """The API state of one instance, and its restart count."""
-    container_id = f"{ctx.runtime_name}://{instance.id}"
+    container_id = status_container_id(ctx.runtime_name, instance.id)
     state = instance.state
     if state is RuntimeState.RUNNING:
         running = ContainerStateRunning(started_at=_time_or_none(instance.started_at))
@@ -274,7 +270,7 @@ def _status_from_instances(
         restart_count=restart_count,
         image=newest.image or container.image,
         image_id=newest.image_ref,
-        container_id=f"{ctx.runtime_name}://{newest.id}",
+        container_id=status_container_id(ctx.runtime_name, newest.id),
     )
     if len(instances) > 1:
         status.last_state = _runtime_state(ctx, instances[1], None)[0]
@@ -452,7 +448,7 @@ def _with_transition_times(
     conditions: list[PodCondition], old: Sequence[PodCondition], now: float
 ) -> list[PodCondition]:
     old_by_type = {c.type: c for c in old}
-    stamp = rfc3339(now)
+    stamp = format_time(now)
     for condition in conditions:
         before = old_by_type.get(condition.type)
         if before is not None and before.status == condition.status \
@@ -571,7 +567,7 @@ def compute_pod_status(
         host_ip=host_ip or old.host_ip,
         pod_ip=ips[0] if ips else None,
         pod_ips=[PodIP(ip=ip) for ip in ips],
-        start_time=old.start_time or rfc3339(now),
+        start_time=old.start_time or format_time(now),
         qos_class=_qos_class(pod),
         init_container_statuses=init_statuses,
         container_statuses=regular_statuses,

@@ -13,9 +13,10 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, replace
-from datetime import datetime
 
+from trio_kubelet.core.container_ids import runtime_id
 from trio_kubelet.core.observed import ProbeResult
+from trio_kubelet.core.timestamps import parse_time
 from trio_kubelet.model.pod import Container, Pod, PodStatus, Probe, is_sidecar
 
 _SUCCESS = ProbeResult.SUCCESS
@@ -91,19 +92,12 @@ def probe_view(pod: Pod, status: PodStatus, container: Container) -> ProbeView:
     return ProbeView(
         pod_terminal=terminal,
         pod_deleting=deleting,
-        container_id=found.container_id.partition("://")[2] or found.container_id,
+        container_id=runtime_id(found.container_id),
         running=running is not None,
-        running_since=parse_rfc3339(running.started_at) if running is not None else 0.0,
+        running_since=parse_time(running.started_at) if running is not None else 0.0,
         started=bool(found.started),
         may_restart=found.state.terminated is None or policy != "Never" or is_sidecar(container),
     )
-
-
-def parse_rfc3339(value: str | None) -> float:
-    """An API timestamp as epoch seconds (0.0 when unset)."""
-    if not value:
-        return 0.0
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
-from trio_kubelet.core.phase import rfc3339
+from trio_kubelet.core.timestamps import format_time
 from trio_kubelet.model.pod import Pod
 
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 with 4 KiB
@@ -375,7 +375,7 @@ def _set(target: dict[str, Any], key: str, value: dict[str, Any] | None) -> None
 def _container_json(
     time: str, c: ContainerSample, node: NodeReading, cpu_and_memory_only: bool
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": c.ref.name, "startTime": rfc3339(c.ref.created_at)}
+    out: dict[str, Any] = {"name": c.ref.name, "startTime": format_time(c.ref.created_at)}
     _set(out, "cpu", _cpu_json(time, c.figures, c.cpu_nano_cores))
     _set(out, "memory", _memory_json(time, c.figures, c.figures.memory_limit_bytes))
     if not cpu_and_memory_only:
@@ -401,7 +401,7 @@ def _pod_json(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "podRef": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
-        "startTime": rfc3339(pod.start_time),
+        "startTime": format_time(pod.start_time),
         "containers": [_container_json(time, c, node, cpu_and_memory_only)
                        for c in pod.containers],
     }
@@ -420,7 +420,9 @@ def _node_json(
     node_name: str, sample: Sample, time: str, cpu_and_memory_only: bool
 ) -> dict[str, Any]:
     reading = sample.node.reading
-    out: dict[str, Any] = {"nodeName": node_name, "startTime": rfc3339(sample.machine.boot_time)}
+    out: dict[str, Any] = {
+        "nodeName": node_name, "startTime": format_time(sample.machine.boot_time)
+    }
     _set(out, "cpu", _cpu_json(time, reading.figures, sample.node.cpu_nano_cores))
     # The root cgroup has no limit of its own: the machine's memory is the limit.
     _set(out, "memory", _memory_json(time, reading.figures, sample.machine.memory_capacity_bytes))
@@ -451,7 +453,7 @@ def build_summary(
     figures, as in the Go kubelet. ``cpu_and_memory_only`` is the
     ``only_cpu_and_memory=true`` form metrics-server asks for.
     """
-    time = rfc3339(sample.timestamp)
+    time = format_time(sample.timestamp)
     known = {pod.metadata.uid for pod in pods}
     return {
         "node": _node_json(node_name, sample, time, cpu_and_memory_only),

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar
 
+from trio_kubelet.core.timestamps import format_time
 from trio_kubelet.model.pod import Pod
 
 EventType = Literal["Normal", "Warning"]
@@ -116,8 +116,8 @@ class Event:
             "reason": self.reason,
             "message": self.message,
             "source": {"component": COMPONENT, "host": self.host},
-            "firstTimestamp": _rfc3339(self.first_timestamp),
-            "lastTimestamp": _rfc3339(self.last_timestamp),
+            "firstTimestamp": format_time(self.first_timestamp),
+            "lastTimestamp": format_time(self.last_timestamp),
             "count": self.count,
             "type": self.type,
             "reportingComponent": COMPONENT,
@@ -128,7 +128,7 @@ class Event:
         """What changes when the Event is seen again (client-go patches exactly these)."""
         return {
             "count": self.count,
-            "lastTimestamp": _rfc3339(self.last_timestamp),
+            "lastTimestamp": format_time(self.last_timestamp),
             "message": self.message,
         }
 
@@ -139,11 +139,6 @@ def new_event(
     """A first occurrence at ``nanos`` (unix nanoseconds), named after it as client-go does."""
     seconds = nanos / 1e9
     return Event(ref, type, reason, message, host, seconds, seconds, f"{ref.name}.{nanos:x}")
-
-
-def _rfc3339(seconds: float) -> str:
-    """metav1.Time's JSON form: UTC, whole seconds."""
-    return datetime.fromtimestamp(int(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 K = TypeVar("K", bound=Hashable)

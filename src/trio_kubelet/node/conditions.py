@@ -8,9 +8,10 @@ when the condition's status changes, so it tells how long the node has been in i
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from trio_kubelet.core.timestamps import format_time
 
 READY = "Ready"
 MEMORY_PRESSURE = "MemoryPressure"
@@ -38,11 +39,6 @@ CONDITION_ORDER = (MEMORY_PRESSURE, DISK_PRESSURE, PID_PRESSURE, READY)
 
 # Go's runtimeState: no successful runtime status for this long means "container runtime is down".
 RUNTIME_DOWN_AFTER = 30.0
-
-
-def format_time(epoch: float) -> str:
-    """A metav1.Time: RFC 3339 in UTC, whole seconds (Go truncates)."""
-    return datetime.datetime.fromtimestamp(int(epoch), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def aggregate_message(errors: Sequence[str]) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from trio_kubelet.core.container_ids import runtime_id
 from trio_kubelet.core.observed import ProbeResult
 from trio_kubelet.core.probes import (
     Next,
@@ -142,7 +143,7 @@ class ProbeManager:
         if pod is None:
             return
         running = {
-            s.name: s.container_id.partition("://")[2]
+            s.name: runtime_id(s.container_id)
             for s in (*pod.status.init_container_statuses, *pod.status.container_statuses)
             if s.state.running is not None and s.container_id
         }

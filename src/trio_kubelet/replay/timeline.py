@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from trio_kubelet.core.container_ids import runtime_id
 from trio_kubelet.replay.records import (
     ContainerStart,
     DecisionRecord,
@@ -192,8 +193,7 @@ def fmt_seconds(value: float) -> str:
 
 
 def _short_id(container_id: str) -> str:
-    _, _, bare = container_id.rpartition("://")
-    return bare[:13]
+    return runtime_id(container_id)[:13]
 
 
 # -- container states ---------------------------------------------------------------------------
@@ -610,7 +610,7 @@ class _Builder:
             if build.lane.name == container:
                 return build
             cid = build.container_id
-            if cid and (cid == container or cid.rpartition("://")[2] == container):
+            if cid and (cid == container or runtime_id(cid) == container):
                 return build
         return None
 

@@ -35,7 +35,7 @@ __all__ = [
     "log_options_from_query",
     "open_log",
     "parse_chunk",
-    "parse_rfc3339",
+    "parse_rfc3339_nanos",
     "read_log",
     "timestamp_ns",
 ]
@@ -131,7 +131,7 @@ def format_timestamp(raw: bytes) -> bytes:
                                       (fraction or b"").ljust(9, b"0"), zone)
 
 
-def parse_rfc3339(value: str) -> int:
+def parse_rfc3339_nanos(value: str) -> int:
     """Nanoseconds since the epoch of an RFC 3339 timestamp; ValueError when it is not one."""
     try:
         raw = value.encode("ascii")
@@ -208,7 +208,7 @@ def log_options_from_query(query: Mapping[str, Sequence[str]], now_ns: int) -> L
     raw_since_time = first("sinceTime")
     if raw_since_time:
         try:
-            since_time = parse_rfc3339(raw_since_time)
+            since_time = parse_rfc3339_nanos(raw_since_time)
         except ValueError:
             errors.append(f"sinceTime: Invalid value: {go_quote(raw_since_time)}: must be an "
                           "RFC 3339 timestamp such as 2006-01-02T15:04:05Z")

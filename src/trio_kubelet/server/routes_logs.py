@@ -22,6 +22,7 @@ import trio
 from quart import Blueprint, Response, current_app, redirect, request
 from quart.typing import ResponseReturnValue
 
+from trio_kubelet.core.container_ids import runtime_id
 from trio_kubelet.model.pod import ContainerStatus, Pod
 from trio_kubelet.runtime.configs import container_log_path, pod_log_directory
 from trio_kubelet.runtime.cri.runtime import v1
@@ -36,7 +37,7 @@ from trio_kubelet.server.crilog import (
 )
 from trio_kubelet.server.view import NodeView
 
-__all__ = ["logs_blueprint", "runtime_id", "text_error"]
+__all__ = ["logs_blueprint", "text_error"]
 
 _TEXT = "text/plain; charset=utf-8"
 _NOT_FOUND = "404 page not found\n"
@@ -63,11 +64,6 @@ def text_error(message: str, status: int) -> Response:
     response: Response = current_app.response_class(message, status=status, content_type=_TEXT)
     response.headers["X-Content-Type-Options"] = "nosniff"
     return response
-
-
-def runtime_id(container_id: str | None) -> str:
-    """The runtime's id in a status ``containerID`` (``containerd://<id>`` -> ``<id>``)."""
-    return (container_id or "").partition("://")[2] or (container_id or "")
 
 
 # -- /containerLogs ----------------------------------------------------------------------------
