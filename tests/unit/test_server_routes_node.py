@@ -25,7 +25,6 @@ from trio_kubelet.server.routes_node import (
     node_blueprints,
     pleg_error,
     pod_list_json,
-    read_machine_info,
     syncloop_error,
 )
 from trio_kubelet.server.serve import serve_app
@@ -111,57 +110,6 @@ def test_pod_list_json_is_a_v1_pod_list() -> None:
     assert decoded["items"][0]["metadata"]["name"] == "web"
     assert decoded["items"][0]["status"]["phase"] == "Running"
     assert json.loads(pod_list_json([]))["items"] == []
-
-
-def write(root: Path, relative: str, text: str) -> None:
-    path = root / relative
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
-def test_read_machine_info_from_proc_and_sys(tmp_path: Path) -> None:
-    cpu = "processor\t: {0}\nvendor_id\t: GenuineIntel\nphysical id\t: 0\ncore id\t: {1}\n" \
-          "cpu MHz\t\t: 2400.000\n"
-    write(tmp_path, "proc/cpuinfo", "\n".join(cpu.format(n, n % 2) for n in range(4)))
-    write(tmp_path, "proc/meminfo", "MemTotal:       2048 kB\nSwapTotal:      1024 kB\n")
-    write(tmp_path, "etc/machine-id", "abc\n")
-    write(tmp_path, "proc/sys/kernel/random/boot_id", "boot-1\n")
-    write(tmp_path, "sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages", "3\n")
-    write(tmp_path, "proc/mounts", "/dev/root / ext4 rw 0 0\ntmpfs /tmp tmpfs rw 0 0\n")
-    write(tmp_path, "sys/block/sda/dev", "8:0\n")
-    write(tmp_path, "sys/block/sda/size", "100\n")
-    write(tmp_path, "sys/block/sda/queue/scheduler", "none [mq-deadline]\n")
-    write(tmp_path, "sys/block/loop0/dev", "7:0\n")
-    write(tmp_path, "sys/class/net/eth0/address", "02:00:00:00:00:01\n")
-    write(tmp_path, "sys/class/net/eth0/mtu", "1500\n")
-    write(tmp_path, "sys/class/net/lo/mtu", "65536\n")
-    write(tmp_path, "sys/devices/system/node/node0/cpulist", "0-1\n")
-    write(tmp_path, "sys/devices/system/node/node0/meminfo", "Node 0 MemTotal:  1024 kB\n")
-    write(tmp_path, "sys/devices/system/cpu/cpu1/topology/core_id", "1\n")
-
-    info = read_machine_info(tmp_path)
-    assert (info["num_cores"], info["num_physical_cores"], info["num_sockets"]) == (4, 2, 1)
-    assert info["vendor_id"] == "GenuineIntel"
-    assert info["cpu_frequency_khz"] == 2_400_000
-    assert (info["memory_capacity"], info["swap_capacity"]) == (2048 * 1024, 1024 * 1024)
-    assert (info["machine_id"], info["boot_id"], info["system_uuid"]) == ("abc", "boot-1", "")
-    assert info["hugepages"] == [{"page_size": 2048, "num_pages": 3}]
-    assert [fs["device"] for fs in info["filesystems"]] == ["/dev/root"]
-    assert info["filesystems"][0]["capacity"] > 0 and info["filesystems"][0]["type"] == "vfs"
-    assert info["disk_map"] == {"8:0": {"name": "sda", "major": 8, "minor": 0, "size": 51200,
-                                        "scheduler": "mq-deadline"}}
-    assert info["network_devices"] == [{"name": "eth0", "mac_address": "02:00:00:00:00:01",
-                                        "speed": 0, "mtu": 1500}]
-    [node] = info["topology"]
-    assert (node["node_id"], node["memory"]) == (0, 1024 * 1024)
-    assert [(c["core_id"], c["thread_ids"]) for c in node["cores"]] == [(0, [0]), (1, [1])]
-    assert info["cloud_provider"] == "Unknown"
-
-
-def test_read_machine_info_of_this_machine_is_json() -> None:
-    info = read_machine_info()
-    json.dumps(info)
-    assert info["num_cores"] >= 1 and info["memory_capacity"] > 0
 
 
 # --- over HTTP -------------------------------------------------------------------------------

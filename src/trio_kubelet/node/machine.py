@@ -2,7 +2,7 @@
 
 The Go kubelet takes these from cAdvisor's MachineInfo (cores, memory, huge pages, ids), its
 VersionInfo (kernel, OS image) and the root filesystem's size. The cAdvisor-style machine
-description is the one ``/spec`` serves (``server/routes_node.read_machine_info``), so both
+description is the one ``/spec`` serves (``node/machine_info.read_machine_spec``), so both
 report the same machine.
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trio_kubelet.node.machine_info import read_machine_spec
 from trio_kubelet.node.registration import MachineFacts
-from trio_kubelet.server.routes_node import read_machine_info
 
 # Python's platform.machine() → Go's GOARCH, the names Kubernetes uses for kubernetes.io/arch.
 GO_ARCH = {
@@ -79,7 +79,7 @@ def read_machine_facts(root_dir: Path) -> MachineFacts:
     except OSError:
         os_release = ""
     return machine_facts(
-        read_machine_info(),
+        read_machine_spec(),
         root_fs_bytes=st.f_blocks * st.f_frsize,
         kernel=platform.release(),
         os_release=os_release,

@@ -9,14 +9,10 @@ timestamps, the metrics registries and a machine description read once at start.
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
-import os
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -26,6 +22,7 @@ from trio_kubelet.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.duration import format_duration
 from trio_kubelet.model.pod import Pod
+from trio_kubelet.node.machine_info import read_machine_spec
 from trio_kubelet.server.app import plain_response
 from trio_kubelet.server.view import PLEG_RELIST_THRESHOLD, NodeView
 from trio_kubelet.status.store import PodStatusStore
@@ -39,7 +36,6 @@ __all__ = [
     "node_blueprints",
     "pleg_error",
     "pod_list_json",
-    "read_machine_info",
     "syncloop_error",
 ]
 
@@ -193,195 +189,6 @@ class _PodListCache:
         return self._body
 
 
-# --- /spec -----------------------------------------------------------------------------------
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return None
-
-
-def _read_int(path: Path, default: int = 0) -> int:
-    text = _read(path)
-    try:
-        return int(text.strip()) if text is not None else default
-    except ValueError:
-        return default
-
-
-def _cpuinfo(root: Path) -> dict[str, Any]:
-    text = _read(root / "proc/cpuinfo") or ""
-    processors = [dict(_key_values(block)) for block in text.split("\n\n") if block.strip()]
-    processors = [p for p in processors if "processor" in p]
-    sockets = {p.get("physical id", "0") for p in processors}
-    cores = {(p.get("physical id", "0"), p.get("core id", p["processor"])) for p in processors}
-    num_cores = len(processors) or os.cpu_count() or 0
-    mhz = next((p["cpu MHz"] for p in processors if "cpu MHz" in p), "0")
-    khz = _read_int(root / "sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
-    if not khz:
-        try:
-            khz = int(float(mhz) * 1000)
-        except ValueError:
-            khz = 0
-    return {
-        "vendor_id": next((p["vendor_id"] for p in processors if "vendor_id" in p), ""),
-        "num_cores": num_cores,
-        "num_physical_cores": len(cores) or num_cores,
-        "num_sockets": len(sockets) or 1,
-        "cpu_frequency_khz": khz,
-    }
-
-
-def _key_values(block: str) -> list[tuple[str, str]]:
-    pairs = []
-    for line in block.splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            pairs.append((key.strip(), value.strip()))
-    return pairs
-
-
-def _meminfo_bytes(text: str, key: str) -> int:
-    match = re.search(rf"^(?:Node \d+ )?{key}:\s+(\d+) kB", text, re.M)
-    return int(match.group(1)) * 1024 if match else 0
-
-
-def _hugepages(directory: Path) -> list[dict[str, int]]:
-    pages = []
-    try:
-        entries = sorted(directory.iterdir())
-    except OSError:
-        return []
-    for entry in entries:
-        match = re.fullmatch(r"hugepages-(\d+)kB", entry.name)
-        if match:
-            pages.append({"page_size": int(match.group(1)),
-                          "num_pages": _read_int(entry / "nr_hugepages")})
-    return pages
-
-
-def _unescape_mount(path: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), path)
-
-
-def _filesystems(root: Path) -> list[dict[str, Any]]:
-    seen: set[str] = set()
-    filesystems = []
-    for line in (_read(root / "proc/mounts") or "").splitlines():
-        fields = line.split()
-        if len(fields) < 3 or not fields[0].startswith("/dev/") or fields[0] in seen:
-            continue
-        seen.add(fields[0])
-        try:
-            st = os.statvfs(_unescape_mount(fields[1]))
-        except OSError:
-            continue
-        filesystems.append({"device": fields[0], "capacity": st.f_blocks * st.f_frsize,
-                            "type": "vfs", "inodes": st.f_files, "has_inodes": st.f_files > 0})
-    return filesystems
-
-
-def _disk_map(root: Path) -> dict[str, dict[str, Any]]:
-    disks: dict[str, dict[str, Any]] = {}
-    try:
-        devices = sorted((root / "sys/block").iterdir())
-    except OSError:
-        return disks
-    for device in devices:
-        if device.name.startswith(("loop", "ram")):
-            continue
-        numbers = (_read(device / "dev") or "").strip()
-        major, sep, minor = numbers.partition(":")
-        if not sep:
-            continue
-        scheduler = re.search(r"\[(.+?)\]", _read(device / "queue/scheduler") or "")
-        disks[numbers] = {"name": device.name, "major": int(major), "minor": int(minor),
-                          "size": _read_int(device / "size") * 512,
-                          "scheduler": scheduler.group(1) if scheduler else "none"}
-    return disks
-
-
-def _network_devices(root: Path) -> list[dict[str, Any]]:
-    devices: list[dict[str, Any]] = []
-    try:
-        interfaces = sorted((root / "sys/class/net").iterdir())
-    except OSError:
-        return devices
-    for interface in interfaces:
-        if interface.name == "lo" or interface.name.startswith("veth"):
-            continue
-        devices.append({"name": interface.name,
-                        "mac_address": (_read(interface / "address") or "").strip(),
-                        "speed": _read_int(interface / "speed"),
-                        "mtu": _read_int(interface / "mtu")})
-    return devices
-
-
-def _cpu_list(text: str) -> list[int]:
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        low, sep, high = part.partition("-")
-        if low.isdigit():
-            cpus.extend(range(int(low), int(high) + 1) if sep and high.isdigit() else [int(low)])
-    return cpus
-
-
-def _topology(root: Path) -> list[dict[str, Any]]:
-    nodes = []
-    try:
-        node_dirs = sorted((root / "sys/devices/system/node").glob("node[0-9]*"),
-                           key=lambda p: int(p.name[4:]))
-    except OSError:
-        return []
-    for node_dir in node_dirs:
-        cores: dict[tuple[int, int], list[int]] = {}
-        for cpu in _cpu_list(_read(node_dir / "cpulist") or ""):
-            topology = root / f"sys/devices/system/cpu/cpu{cpu}/topology"
-            key = (_read_int(topology / "physical_package_id"), _read_int(topology / "core_id"))
-            cores.setdefault(key, []).append(cpu)
-        nodes.append({
-            "node_id": int(node_dir.name[4:]),
-            "memory": _meminfo_bytes(_read(node_dir / "meminfo") or "", "MemTotal"),
-            "hugepages": _hugepages(node_dir / "hugepages"),
-            "cores": [{"core_id": core, "thread_ids": sorted(threads), "caches": [],
-                       "uncore_caches": None, "socket_id": socket}
-                      for (socket, core), threads in sorted(cores.items())],
-            "caches": [],
-        })
-    return nodes
-
-
-def read_machine_info(root: Path = Path("/")) -> dict[str, Any]:
-    """The machine as cAdvisor's ``MachineInfo`` JSON, from /proc and /sys under ``root``.
-
-    Blocking (a few dozen small reads and statvfs calls): read it once at start.
-    """
-    meminfo = _read(root / "proc/meminfo") or ""
-    machine_id = _read(root / "etc/machine-id") or _read(root / "var/lib/dbus/machine-id") or ""
-    return {
-        "timestamp": datetime.datetime.now(datetime.UTC).strftime(
-            "%Y-%m-%dT%H:%M:%S.%fZ"),
-        **_cpuinfo(root),
-        "memory_capacity": _meminfo_bytes(meminfo, "MemTotal"),
-        "swap_capacity": _meminfo_bytes(meminfo, "SwapTotal"),
-        "memory_by_type": {},
-        "nvm": {"memory_mode_capacity": 0, "app direct_mode_capacity": 0, "avg_power_budget": 0},
-        "hugepages": _hugepages(root / "sys/kernel/mm/hugepages"),
-        "machine_id": machine_id.strip(),
-        "system_uuid": (_read(root / "sys/class/dmi/id/product_uuid") or "").strip(),
-        "boot_id": (_read(root / "proc/sys/kernel/random/boot_id") or "").strip(),
-        "filesystems": _filesystems(root),
-        "disk_map": _disk_map(root),
-        "network_devices": _network_devices(root),
-        "topology": _topology(root),
-        "cloud_provider": "Unknown",
-        "instance_type": "Unknown",
-        "instance_id": "None",
-    }
-
-
 # --- the blueprints --------------------------------------------------------------------------
 
 
@@ -403,7 +210,7 @@ def node_blueprints(view: NodeView, metrics: AgentMetrics, *,
                     started_at: float | None = None) -> NodeBlueprints:
     """The node endpoints over ``view``. Reads the machine description now (blocking,
     ~ms) unless ``machine_info`` is given."""
-    machine = json.dumps(machine_info if machine_info is not None else read_machine_info()
+    machine = json.dumps(machine_info if machine_info is not None else read_machine_spec()
                          ).encode()
     configz = json.dumps({"kubeletconfig": view.options.config.to_wire()}).encode()
     pod_lists = _PodListCache(view.store)

@@ -39,6 +39,13 @@ from trio_kubelet.core.stats import (
     memory_limit,
     working_set,
 )
+from trio_kubelet.node.machine_info import (
+    cpuinfo_processors,
+    num_cores,
+    parse_meminfo,
+    read_machine_ids,
+    read_meminfo,
+)
 from trio_kubelet.runtime import labels as L
 from trio_kubelet.runtime.cri.runtime import v1
 from trio_kubelet.runtime.errors import CRIError
@@ -212,17 +219,6 @@ def read_cgroup(roots: CgroupRoots, cgroup: bytes) -> CgroupFigures | None:
     )
 
 
-def parse_meminfo(data: bytes) -> dict[str, int]:
-    """/proc/meminfo in bytes."""
-    figures: dict[str, int] = {}
-    for line in data.decode().splitlines():
-        key, _, rest = line.partition(":")
-        fields = rest.split()
-        if fields:
-            figures[key] = int(fields[0]) * (1024 if len(fields) > 1 else 1)
-    return figures
-
-
 def parse_proc_stat(data: bytes, clock_ticks: int) -> tuple[int | None, float]:
     """(busy CPU time of all cores in ns, boot time in epoch seconds) from /proc/stat."""
     cpu_ns: int | None = None
@@ -295,31 +291,22 @@ def _device_of(path: Path, mountinfo: bytes) -> str:
     return best
 
 
-def _first_line(*paths: Path) -> str:
-    for path in paths:
-        try:
-            return path.read_text().strip()
-        except OSError:
-            continue
-    return ""
-
-
 def read_machine_info(proc_root: Path = Path("/proc"), image_fs: Path | None = None) -> MachineInfo:
-    """What cAdvisor's machine collector reports: cores, memory, boot and machine ids."""
-    cpuinfo = _read(os.fsencode(proc_root / "cpuinfo"), 1 << 20) or b""
-    cores = sum(1 for line in cpuinfo.splitlines() if line.startswith(b"processor"))
-    meminfo = parse_meminfo(_read(os.fsencode(proc_root / "meminfo"), 1 << 16) or b"")
+    """The machine facts the stats carry (cAdvisor's machine collector): the shared cores,
+    memory and ids, plus the boot time and the image filesystem's device."""
+    meminfo = read_meminfo(proc_root / "meminfo")
     _, boot_time = parse_proc_stat(
         _read(os.fsencode(proc_root / "stat"), 1 << 20) or b"", os.sysconf("SC_CLK_TCK")
     )
     mountinfo = _read(os.fsencode(proc_root / "self" / "mountinfo"), 1 << 20) or b""
+    ids = read_machine_ids(Path("/"), proc_root)
     return MachineInfo(
-        num_cores=cores or os.cpu_count() or 1,
+        num_cores=num_cores(cpuinfo_processors(proc_root)),
         memory_capacity_bytes=meminfo.get("MemTotal", 0),
         boot_time=boot_time,
-        boot_id=_first_line(proc_root / "sys" / "kernel" / "random" / "boot_id"),
-        machine_id=_first_line(Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id")),
-        system_uuid=_first_line(Path("/sys/class/dmi/id/product_uuid")),
+        boot_id=ids.boot_id,
+        machine_id=ids.machine_id,
+        system_uuid=ids.system_uuid,
         image_fs_device=_device_of(image_fs, mountinfo) if image_fs is not None else "",
     )
 
