@@ -404,7 +404,7 @@ async def run_agent(
             # learns from it which images containers are about to use. The eviction
             # manager's disk reclaim calls image_gc.reclaim.
             image_gc = ImageGC(client, image_gc_policy(config), node_name=options.node_name,
-                               events=events, metrics=metrics)
+                               events=events, metrics=metrics, recorder=recorder)
             images = ImageManager(client, events, serialize_pulls=config.serialize_image_pulls,
                                   max_parallel_pulls=config.max_parallel_image_pulls,
                                   pull_timeout=config.runtime_request_timeout or None,
@@ -469,6 +469,7 @@ async def run_agent(
                     clock=clock.now,
                     period=CONTAINER_GC_PERIOD,
                     qos=ctx.qos,
+                    recorder=recorder,
                 )
                 await nursery.start(container_gc.run)
                 eviction.reclaimer = NodeReclaimers(container_gc, image_gc)

@@ -13,6 +13,8 @@ from cri_api.v1 import api_pb2
 from tests.integration.harness import container, running, running_agent
 from tests.net import free_port
 from trio_kubelet import agent as agent_module
+from trio_kubelet.replay.reader import read_recording
+from trio_kubelet.replay.replayer import replay
 from trio_kubelet.runtime import labels
 
 pytestmark = pytest.mark.integration
@@ -74,8 +76,10 @@ async def test_container_gc_keeps_the_previous_instance_and_cleans_up_after_the_
     port = free_port()
     # No pod cgroups: with a 2 s period the orphan sweep would remove those of any other
     # agent sharing this machine's kubepods hierarchy (other test sessions).
+    recording = tmp_path / "recording.jsonl"
     flags = ("--address", "127.0.0.1", "--port", str(port), "--authorization-mode",
-             "AlwaysAllow", "--anonymous-auth=true", "--cgroups-per-qos=false")
+             "AlwaysAllow", "--anonymous-auth=true", "--cgroups-per-qos=false",
+             "--record", str(recording))
     # A log directory left by a pod that no source knows and the runtime no longer holds.
     ghost = tmp_path / "pod-logs" / f"default_ghost-itest-node_{uuid.uuid4()}"
     (ghost / "main").mkdir(parents=True)
@@ -116,3 +120,13 @@ async def test_container_gc_keeps_the_previous_instance_and_cleans_up_after_the_
             3 * GC_PERIOD + 30,
             "the removed pod's containers, sandboxes and log directory to go",
         )
+
+    # Each pass that removed something was recorded with its inputs; replay re-plans the
+    # same removals: the ghost's log directory and the crash loop's instances 0 and 1 (the
+    # removed pod's worker tore the rest down itself).
+    result = replay(read_recording(recording).records)
+    assert result.ok, result.divergence and result.divergence.diff
+    passes = [entry.summary.split() for entry in result.trace if entry.pod == "(node)"]
+    assert result.gc_passes == len(passes) >= 2, passes
+    assert sum(int(words[3]) for words in passes) == 2, passes  # "container GC: remove N …"
+    assert sum(int(words[7]) for words in passes) == 1, passes  # "… K pod log directories"

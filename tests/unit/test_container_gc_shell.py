@@ -325,3 +325,51 @@ async def test_gc_beside_a_crash_looping_pod_does_not_disturb_its_worker(
             assert containers(runtime.fake, WEB) == [] and sandboxes(runtime.fake, WEB) == []
             assert list(runtime.logs.iterdir()) == []
             nursery.cancel_scope.cancel()
+
+
+async def test_a_pass_that_removes_something_is_recorded_and_replays(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """The record goes through a recording file; replay re-plans the same removals."""
+    from trio_kubelet.replay.reader import read_recording
+    from trio_kubelet.replay.records import ContainerGCRecord, Header
+    from trio_kubelet.replay.replayer import replay
+
+    written: list[Any] = []
+
+    class ListRecorder:
+        def add(self, make: Any) -> None:
+            written.append(make())
+
+    async with node(tmp_path) as n:
+        n.existing = {WEB}
+        ids = await n.instances(WEB, "web", await n.sandbox(WEB, "web"), 4)
+        gone = await n.sandbox(GONE, "gone")
+        (gone_container,) = await n.instances(GONE, "gone", gone, 1)
+        await n.client.stop_pod_sandbox(gone[0])
+        gc = ContainerGC(n.client, DEFAULT, existing_pods=lambda: n.existing,
+                         sources_ready=lambda: n.ready, pod_logs_dir=n.logs,
+                         clock=n.wall.now, recorder=ListRecorder())  # type: ignore[arg-type]
+        await gc.collect()
+        await gc.collect()  # nothing left to remove: nothing recorded
+
+    (record,) = written
+    assert isinstance(record, ContainerGCRecord)
+    assert sorted(record.removed_containers) == sorted([*ids[:3], gone_container])
+    assert record.removed_sandboxes == [gone[0]]
+    assert record.existing_pods == [WEB] and record.removed_log_dirs == [
+        f"default_gone_{GONE}"]
+    header = Header(agent_version="test", node="n", start_time=0.0, config={})
+    path = tmp_path / "recording.jsonl"
+    path.write_text("".join(r.model_dump_json() + "\n" for r in (header, record)))
+    result = replay(read_recording(path).records)
+    assert result.ok and result.gc_passes == 1
+    assert result.trace[-1].summary == (
+        "container GC: remove 4 containers, 1 sandboxes, 1 pod log directories")
+
+    kept_more = record.model_copy(update={"policy": (0.0, 2, -1)})  # keep two per container
+    diverged = replay([header, kept_more])
+    assert diverged.divergence is not None
+    assert diverged.divergence.reason == (
+        "the replayed container GC plan differs from the recorded one")
+    assert sorted(diverged.divergence.actual["containers"]) == sorted([*ids[:2], gone_container])

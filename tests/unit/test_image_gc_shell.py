@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
+from trio_kubelet.config import KubeletConfiguration
 from trio_kubelet.core.image_gc import ImageFs, ImageGCPolicy
 from trio_kubelet.images.gc import ImageGC, ImageGCError
 from trio_kubelet.kube_events import EventRecorder, ObjectRef
 from trio_kubelet.metrics import AgentMetrics
+from trio_kubelet.replay.reader import read_recording
+from trio_kubelet.replay.records import Header, ImageGCRecord
+from trio_kubelet.replay.replayer import ReplayResult, replay
 from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.client import CRIClient, open_cri_client
 from trio_kubelet.runtime.cri.runtime import v1
@@ -235,3 +240,78 @@ async def test_high_threshold_100_without_max_age_runs_no_periodic_pass(env: Env
         await trio.sleep(0.1)
         nursery.cancel_scope.cancel()
     assert env.fake.calls["ListImages"] == 0
+
+
+class ListRecorder:
+    """Keeps what a recorder would write."""
+
+    def __init__(self) -> None:
+        self.records: list[Any] = []
+
+    def add(self, make: Callable[[], Any]) -> None:
+        self.records.append(make())
+
+
+def replay_image_gc(records: list[Any], config: dict[str, Any], tmp_path: Path) -> ReplayResult:
+    """Replay ``records`` after a header with ``config``, through a recording file."""
+    header = Header(agent_version="test", node=NODE, start_time=0.0,
+                    config=KubeletConfiguration.model_validate(config).to_wire())
+    path = tmp_path / "recording.jsonl"
+    path.write_text("".join(r.model_dump_json() + "\n" for r in (header, *records)))
+    return replay(read_recording(path).records)
+
+
+async def test_choices_are_recorded_and_replay_to_the_same_images(
+    env: Env, tmp_path: Path
+) -> None:
+    for name in ("a", "b", "c", "used"):
+        env.fake.add_image(f"r.io/{name}:1", size=100 * MB)
+    await env.container_using("r.io/used:1")
+    env.other_used = 200 * MB  # 601 MB used: 60 % -> free 101 MB
+    tags = {v: k.split("/")[-1] for k, v in env.fake._tags.items()}
+    recorder = ListRecorder()
+    gc = ImageGC(env.client, POLICY, node_name=NODE, events=env.events,
+                 image_fs=env.image_fs, recorder=recorder)  # type: ignore[arg-type]
+    gc.note_used(env.fake._tags["r.io/c:1"])
+    await gc.collect()
+    await gc.collect()  # under the threshold now: nothing chosen, nothing recorded
+    await gc.reclaim("imagefs.available")
+
+    space, reclaim = recorder.records
+    assert isinstance(space, ImageGCRecord) and isinstance(reclaim, ImageGCRecord)
+    assert sorted(tags[i] for i in space.removals) == ["a:1", "b:1"]  # c was used: it goes last
+    assert space.expired == [] and space.image_fs is not None
+    assert [tags[i] for i in reclaim.removals] == ["c:1"] and reclaim.image_fs is None
+    config = {"imageGCHighThresholdPercent": 60, "imageGCLowThresholdPercent": 50,
+              "imageMinimumGCAge": "0s"}
+    result = replay_image_gc([space, reclaim], config, tmp_path)
+    assert result.ok and result.gc_passes == 2
+
+    # Had "a" been in use, the pass would have had to choose differently.
+    tampered = space.model_copy(update={"in_use": sorted([*space.in_use, space.removals[0]])})
+    diverged = replay_image_gc([tampered], config, tmp_path)
+    assert diverged.divergence is not None
+    assert diverged.divergence.reason == (
+        "the replayed image GC choice differs from the recorded one")
+    # A configuration with a lower high threshold is not the one the pass ran under.
+    other = replay_image_gc([space], {**config, "imageGCLowThresholdPercent": 20}, tmp_path)
+    assert other.divergence is not None
+
+
+async def test_an_age_removal_is_recorded_and_replays(env: Env, tmp_path: Path) -> None:
+    env.fake.add_image("r.io/a:1", size=10 * MB)
+    image_a = env.fake._tags["r.io/a:1"]
+    recorder = ListRecorder()
+    policy = ImageGCPolicy(85, 80, minimum_age=0, maximum_age=1.0)
+    gc = ImageGC(env.client, policy, node_name=NODE, events=env.events,
+                 image_fs=env.image_fs, recorder=recorder)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(gc.run)
+        await trio.sleep(1.2)
+        await gc.collect()
+        nursery.cancel_scope.cancel()
+    (record,) = recorder.records
+    assert record.expired == record.removed_by_age == [image_a]  # not pause
+    config = {"imageMinimumGCAge": "0s", "imageMaximumGCAge": "1s"}
+    assert replay_image_gc([record], config, tmp_path).ok
+    assert not replay_image_gc([record], {**config, "imageMaximumGCAge": "1h"}, tmp_path).ok

@@ -179,8 +179,12 @@ def test_a_real_recording_replays_without_divergence(recordings: Recordings) -> 
     assert result.divergence is None, result.divergence and result.divergence.diff
     pods = {entry.pod for entry in result.trace}
     names = ("crash", "onfail", "never", "init", "greedy")
-    assert pods == {f"{name}-{NODE}_default" for name in names}
+    assert pods == {f"{name}-{NODE}_default" for name in names} | {"(node)"}
     summaries = [(entry.pod, entry.summary) for entry in result.trace]
+    # The agent's container GC pass removed the crash loop's older dead instances.
+    node = [summary for pod, summary in summaries if pod == "(node)"]
+    assert result.gc_passes == len(node) >= 1
+    assert all(summary.startswith("container GC: remove ") for summary in node), node
     assert result.admissions == 5
     assert ("crash-n1_default", "admit") in summaries
     greedy = [summary for pod, summary in summaries if pod == "greedy-n1_default"]
@@ -401,6 +405,7 @@ def test_check_passes_on_a_real_recording(
     result = replay_file(recordings.plain)
     assert out.splitlines()[-1] == (
         f"replay OK: {result.decisions} decisions, {result.admissions} admissions, "
+        f"{result.evictions} evictions, {result.gc_passes} GC passes, "
         f"{result.gates} gates re-checked, no divergence"
     )
     assert "s  init-n1_default  create sandbox (attempt 0); start init-1\n" in out

@@ -25,6 +25,7 @@ import trio
 
 from trio_kubelet.config import KubeletConfiguration
 from trio_kubelet.core.image_gc import (
+    NEVER,
     ImageFs,
     ImageGCPolicy,
     ImageRecord,
@@ -43,6 +44,8 @@ from trio_kubelet.core.image_gc import (
 from trio_kubelet.core.image_ref import InvalidImageReference, parse_image_reference
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
+from trio_kubelet.replay.recorder import Recorder
+from trio_kubelet.replay.records import ImageGCRecord
 from trio_kubelet.runtime.cri.runtime import v1
 from trio_kubelet.runtime.errors import CRIError
 from trio_kubelet.sources.sampler import statvfs
@@ -104,12 +107,14 @@ class ImageGC:
         events: EventRecorder | None = None,
         metrics: AgentMetrics | None = None,
         image_fs: ImageFsReader | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self._client = client
         self.policy = policy
         self._node_name = node_name
         self._events = events if events is not None else EventRecorder()
         self._metrics = metrics
+        self._recorder = recorder
         self._image_fs = image_fs if image_fs is not None else self._statvfs_image_fs
         self._image_fs_path: Path | None = None
         self._records: dict[str, ImageRecord] = {}
@@ -165,7 +170,7 @@ class ImageGC:
         async with self._lock:
             now = trio.current_time()
             started_at = self._started_at if self._started_at is not None else now
-            order = await self._detect(now)
+            order, in_use = await self._detect(now)
             expired = expired_images(order, now, self.policy, started_at)
             removed, failures = await self._remove_all(expired, "age")
             fs = await self._read_image_fs()
@@ -176,6 +181,8 @@ class ImageGC:
                 self._node_event("InvalidDiskCapacity", str(err))
                 raise ImageGCError(str(err)) from None
             if needed <= 0:
+                if expired:
+                    self._record(now, started_at, in_use, fs, expired, removed, ())
                 self._raise_for(failures)
                 return GCResult(tuple(removed), 0, 0, usage)
             log.info(
@@ -187,6 +194,7 @@ class ImageGC:
             gone = {r.id for r in removed}
             plan = choose_for_space([r for r in order if r.id not in gone], needed, now,
                                     self.policy)
+            self._record(now, started_at, in_use, fs, expired, removed, plan.removals)
             freed_records, more_failures = await self._free(plan)
             freed = sum(r.size for r in freed_records)
             if freed < needed:
@@ -214,11 +222,13 @@ class ImageGC:
         async with self._lock:
             now = trio.current_time()
             try:
-                order = await self._detect(now)
+                order, in_use = await self._detect(now)
             except ImageGCError as err:
                 log.warning("Reclaiming images for %s failed: %s", signal, err)
                 return
             plan = choose_for_space(order, math.inf, now, self.policy)
+            if plan.removals:
+                self._record(now, now, in_use, None, (), (), plan.removals)
             removed, failures = await self._free(plan)
         freed = sum(r.size for r in removed)
         log.info("Reclaimed %d bytes for %s by removing %d unused images%s", freed, signal,
@@ -226,8 +236,8 @@ class ImageGC:
 
     # -- the steps of a pass --------------------------------------------------------------------
 
-    async def _detect(self, now: float) -> list[ImageRecord]:
-        """List images and containers, update the records; the eviction order."""
+    async def _detect(self, now: float) -> tuple[list[ImageRecord], frozenset[str]]:
+        """List images and containers, update the records; the eviction order, the IDs in use."""
         try:
             images = await self._client.list_images()
             containers = await self._client.list_containers_brief()
@@ -246,7 +256,42 @@ class ImageGC:
         )
         self._detected = True
         self._used_at.clear()
-        return eviction_order(self._records.values(), in_use)
+        return eviction_order(self._records.values(), in_use), in_use
+
+    def _record(
+        self,
+        now: float,
+        started_at: float,
+        in_use: frozenset[str],
+        fs: ImageFs | None,
+        expired: Sequence[ImageRecord],
+        removed_by_age: Sequence[ImageRecord],
+        removals: Sequence[ImageRecord],
+    ) -> None:
+        """A pass's choices and their inputs as an ``ImageGCRecord`` (``fs`` None: a reclaim).
+
+        The images are recorded as the pass detected them: the age removals have
+        already dropped their records, so those are added back.
+        """
+        recorder = self._recorder
+        if recorder is None:
+            return
+        record = ImageGCRecord(
+            t=trio.current_time(),
+            now=now,
+            started_at=started_at,
+            images=[
+                (r.id, r.size, r.pinned, _time_or_none(r.first_detected),
+                 _time_or_none(r.last_used))
+                for r in (*self._records.values(), *removed_by_age)
+            ],
+            in_use=sorted(in_use),
+            image_fs=(fs.capacity_bytes, fs.available_bytes) if fs is not None else None,
+            expired=[r.id for r in expired],
+            removed_by_age=[r.id for r in removed_by_age],
+            removals=[r.id for r in removals],
+        )
+        recorder.add(lambda: record)  # built now: the records change as removals finish
 
     async def _free(self, plan: SpacePlan) -> tuple[list[ImageRecord], list[str]]:
         """Remove the plan's images; when one fails, take the next spare until enough is freed."""
@@ -333,6 +378,11 @@ class ImageGC:
     def _raise_for(failures: Sequence[str]) -> None:
         if failures:
             raise ImageGCError(f"removing images failed: {_describe(failures)}")
+
+
+def _time_or_none(moment: float) -> float | None:
+    """A record time for JSON: None for ``NEVER`` (minus infinity)."""
+    return None if moment == NEVER else moment
 
 
 def _describe(failures: Sequence[str]) -> str:

@@ -28,6 +28,8 @@ from trio_kubelet.core.container_gc import (
     plan_container_gc,
 )
 from trio_kubelet.core.observed import ContainerState, SandboxState
+from trio_kubelet.replay.recorder import Recorder
+from trio_kubelet.replay.records import ContainerGCRecord
 from trio_kubelet.resources.cgroups import CgroupError, QOSCgroups
 from trio_kubelet.runtime.client import CRIClient
 from trio_kubelet.runtime.configs import container_log_path
@@ -103,6 +105,7 @@ class ContainerGC:
         clock: Callable[[], float],
         period: float = CONTAINER_GC_PERIOD,
         qos: QOSCgroups | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self._client = client
         self.policy = policy
@@ -112,6 +115,7 @@ class ContainerGC:
         self._clock = clock
         self._period = period
         self._qos = qos
+        self._recorder = recorder
         self._lock = trio.Lock()  # one pass at a time: the periodic one or a reclaim
         self.passes = 0
 
@@ -178,17 +182,62 @@ class ContainerGC:
         log_dirs = _pod_log_dirs(self._pod_logs_dir)  # one small directory: not worth a thread
         # Read last, so a pod added while the runtime was listed counts as existing.
         ready = self._sources_ready()
+        existing = self._existing_pods()
+        now = self._clock()
         plan = plan_container_gc(
             containers,
             sandboxes,
             policy=self.policy,
-            now=self._clock(),
-            existing_pods=self._existing_pods(),
+            now=now,
+            existing_pods=existing,
             sources_ready=ready,
             log_dirs=log_dirs,
         )
         in_runtime = {c.pod_uid for c in containers} | {s.pod_uid for s in sandboxes}
+        if plan.containers or plan.sandboxes or plan.log_dirs:
+            self._record(plan, containers, sandboxes, log_dirs, existing, in_runtime, now, ready)
         return plan, in_runtime
+
+    def _record(
+        self,
+        plan: GCPlan,
+        containers: list[GCContainer],
+        sandboxes: list[GCSandbox],
+        log_dirs: list[str],
+        existing: Collection[str],
+        in_runtime: set[str],
+        now: float,
+        ready: bool,
+    ) -> None:
+        """A plan that removes something, with its inputs, as a ``ContainerGCRecord``."""
+        recorder = self._recorder
+        if recorder is None:
+            return
+        t = trio.current_time()
+        mentioned = in_runtime | {log_dir_pod_uid(name) for name in log_dirs}
+        existing_now = sorted(uid for uid in mentioned if uid in existing)  # it changes later
+        policy = self.policy
+        recorder.add(
+            lambda: ContainerGCRecord(
+                t=t,
+                now=now,
+                policy=(policy.min_age, policy.max_per_pod_container, policy.max_containers),
+                sources_ready=ready,
+                containers=[
+                    (c.id, c.pod_uid, c.name, c.state.value, c.created_at, c.attempt,
+                     c.sandbox_id, c.log_path)
+                    for c in containers
+                ],
+                sandboxes=[
+                    (s.id, s.pod_uid, s.state.value, s.created_at, s.attempt) for s in sandboxes
+                ],
+                log_dirs=list(log_dirs),
+                existing_pods=existing_now,
+                removed_containers=[c.id for c in plan.containers],
+                removed_sandboxes=[s.id for s in plan.sandboxes],
+                removed_log_dirs=list(plan.log_dirs),
+            )
+        )
 
     async def _remove_container(self, container: GCContainer, result: GCResult) -> None:
         """RemoveContainer (a container in an unknown state is stopped first: it may run)."""

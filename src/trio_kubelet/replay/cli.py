@@ -151,6 +151,7 @@ def replay_main(args: argparse.Namespace) -> int:
     if args.check:
         print(
             f"replay OK: {result.decisions} decisions, {result.admissions} admissions, "
+            f"{result.evictions} evictions, {result.gc_passes} GC passes, "
             f"{result.gates} gates re-checked, no divergence",
             file=out,
         )

@@ -21,11 +21,13 @@ from pydantic import BaseModel, ValidationError
 from trio_kubelet.replay.records import (
     FORMAT_VERSION,
     AdmissionRecord,
+    ContainerGCRecord,
     CRIRecord,
     DecisionRecord,
     EventRecord,
     EvictionRecord,
     Header,
+    ImageGCRecord,
     Record,
     SnapshotRecord,
     StatusRecord,
@@ -42,6 +44,8 @@ _MODELS: dict[str, type[BaseModel]] = {
     "decision": DecisionRecord,
     "admission": AdmissionRecord,
     "eviction": EvictionRecord,
+    "container_gc": ContainerGCRecord,
+    "image_gc": ImageGCRecord,
     "status": StatusRecord,
     "teardown": TeardownRecord,
 }
@@ -50,7 +54,7 @@ _MODELS: dict[str, type[BaseModel]] = {
 # The recorder writes ``{"t":<float>,"kind":"<kind>",...}``: sniffing the kind lets pydantic
 # parse the line straight from bytes (about twice as fast as json.loads + model_validate).
 # Any other shape, and any line that fails, takes the slow path, which words the error.
-_RECORDER_PREFIX = re.compile(rb'\{"t":[-+0-9.eE]+,"kind":"([a-z]+)"')
+_RECORDER_PREFIX = re.compile(rb'\{"t":[-+0-9.eE]+,"kind":"([a-z_]+)"')
 
 
 class RecordingError(Exception):

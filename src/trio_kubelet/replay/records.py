@@ -129,6 +129,52 @@ class EvictionRecord(_Record):
     grace: int | None = None
 
 
+class ContainerGCRecord(_Record):
+    """A container GC pass that removed something: the inputs of
+    ``core.container_gc.plan_container_gc`` and the plan.
+
+    ``policy`` is [min_age, max_per_pod_container, max_containers] (flags, not in the
+    header's configuration); ``containers`` rows are [id, pod_uid, name, state,
+    created_at, attempt, sandbox_id, log_path] and ``sandboxes`` rows [id, pod_uid,
+    state, created_at, attempt]; ``existing_pods`` holds only the UIDs the runtime or
+    the log directory mention (the rest cannot change the plan).
+    """
+
+    kind: Literal["container_gc"] = "container_gc"
+    now: float
+    policy: tuple[float, int, int]
+    sources_ready: bool
+    containers: list[tuple[str, str, str, str, float, int, str, str]]
+    sandboxes: list[tuple[str, str, str, float, int]]
+    log_dirs: list[str]
+    existing_pods: list[str]
+    removed_containers: list[str]
+    removed_sandboxes: list[str]
+    removed_log_dirs: list[str]
+
+
+class ImageGCRecord(_Record):
+    """An image GC pass that chose images to remove: the inputs of ``core.image_gc``'s
+    choices (the policy comes from the header's configuration) and what they chose.
+
+    ``images`` rows are [id, size, pinned, first_detected, last_used] as the pass
+    detected them, times on trio's clock and None for "never". ``image_fs`` is
+    [capacity, available] read after the age removals (``removed_by_age``: those of
+    ``expired`` that succeeded); None for the eviction manager's reclaim, which frees
+    all it can and removes nothing for age.
+    """
+
+    kind: Literal["image_gc"] = "image_gc"
+    now: float
+    started_at: float
+    images: list[tuple[str, int, bool, float | None, float | None]]
+    in_use: list[str]
+    image_fs: tuple[int, int] | None
+    expired: list[str]
+    removed_by_age: list[str]
+    removals: list[str]
+
+
 class StatusRecord(_Record):
     """The API status a sync published (for the timeline and for readers of a recording)."""
 
@@ -178,6 +224,8 @@ Record = Annotated[
     | DecisionRecord
     | AdmissionRecord
     | EvictionRecord
+    | ContainerGCRecord
+    | ImageGCRecord
     | StatusRecord
     | TeardownRecord,
     Field(discriminator="kind"),

@@ -35,7 +35,18 @@ from trio_kubelet.core.backoff import (
     format_duration,
     gate_container_start,
 )
+from trio_kubelet.core.container_gc import GCContainer, GCPolicy, GCSandbox, plan_container_gc
 from trio_kubelet.core.eviction import Observation, PodUsage, Threshold, choose_victim
+from trio_kubelet.core.image_gc import (
+    NEVER,
+    ImageFs,
+    ImageGCPolicy,
+    ImageRecord,
+    bytes_to_free,
+    choose_for_space,
+    eviction_order,
+    expired_images,
+)
 from trio_kubelet.core.observed import (
     ContainerState,
     ProbeResult,
@@ -44,17 +55,20 @@ from trio_kubelet.core.observed import (
     SandboxState,
 )
 from trio_kubelet.events import EVENT_ADAPTER, PodSetUpdate
+from trio_kubelet.images.gc import image_gc_policy
 from trio_kubelet.model.pod import Container, Pod
 from trio_kubelet.reconcile.podconfig import PodConfig
 from trio_kubelet.replay.codec import actions_to_json, observed_from_json, probe_results_from_json
 from trio_kubelet.replay.reader import NumberedRecord, RecordingError, field_path
 from trio_kubelet.replay.records import (
     AdmissionRecord,
+    ContainerGCRecord,
     ContainerStart,
     DecisionRecord,
     EventRecord,
     EvictionRecord,
     Header,
+    ImageGCRecord,
     Record,
     SnapshotRecord,
 )
@@ -104,6 +118,7 @@ class ReplayResult:
     decisions: int = 0
     admissions: int = 0
     evictions: int = 0
+    gc_passes: int = 0  # container and image GC passes that removed something
     gates: int = 0
     divergences: int = 0
     divergence: Divergence | None = None  # the first one
@@ -137,6 +152,7 @@ class Replayer:
         self._versions: dict[tuple[str, int], Pod] = {}
         self._pod_matches: dict[str, bool] = {}
         self._eviction_thresholds: tuple[Threshold, ...] | None = None
+        self._image_gc_policy: ImageGCPolicy | None = None
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -172,6 +188,10 @@ class Replayer:
             self._admission(line, t, record)
         elif isinstance(record, EvictionRecord):
             self._eviction(line, t, record)
+        elif isinstance(record, ContainerGCRecord):
+            self._container_gc(line, t, record)
+        elif isinstance(record, ImageGCRecord):
+            self._image_gc(line, t, record)
         elif isinstance(record, EventRecord):
             self._event(line, record)
             result.events += 1
@@ -377,16 +397,106 @@ class Replayer:
         uid = victim.pod.metadata.uid if victim else ""
         self.result.trace.append(DecisionTrace(line, t, pod, uid, summary, diverged=diverged))
 
+    def _container_gc(self, line: int, t: float, record: ContainerGCRecord) -> None:
+        """Re-plan a container GC pass from the runtime's containers and sandboxes it saw."""
+        if self.pod is not None:
+            return  # a node-wide choice, not one pod's
+        self.result.gc_passes += 1
+        try:
+            containers = [
+                GCContainer(cid, uid, name, ContainerState(state), created, attempt, sandbox, log)
+                for cid, uid, name, state, created, attempt, sandbox, log in record.containers
+            ]
+            sandboxes = [
+                GCSandbox(sid, uid, SandboxState(state), created, attempt)
+                for sid, uid, state, created, attempt in record.sandboxes
+            ]
+        except ValueError as err:
+            raise RecordingError(line, f"container_gc: {err}") from None
+        min_age, per_container, total = record.policy
+        plan = plan_container_gc(
+            containers,
+            sandboxes,
+            policy=GCPolicy(min_age, per_container, total),
+            now=record.now,
+            existing_pods=frozenset(record.existing_pods),
+            sources_ready=record.sources_ready,
+            log_dirs=record.log_dirs,
+        )
+        recorded = {
+            "containers": record.removed_containers,
+            "sandboxes": record.removed_sandboxes,
+            "log_dirs": record.removed_log_dirs,
+        }
+        replayed = {
+            "containers": [c.id for c in plan.containers],
+            "sandboxes": [s.id for s in plan.sandboxes],
+            "log_dirs": list(plan.log_dirs),
+        }
+        summary = (
+            f"container GC: remove {len(plan.containers)} containers, "
+            f"{len(plan.sandboxes)} sandboxes, {len(plan.log_dirs)} pod log directories"
+        )
+        self._gc_trace(line, t, "the replayed container GC plan differs from the recorded one",
+                       recorded, replayed, summary)
+
+    def _image_gc(self, line: int, t: float, record: ImageGCRecord) -> None:
+        """Re-choose an image GC pass's removals, by age and for space, from its records."""
+        if self.pod is not None:
+            return  # a node-wide choice, not one pod's
+        self.result.gc_passes += 1
+        policy = self._image_policy(line)
+        in_use = frozenset(record.in_use)
+        images = [
+            ImageRecord(image_id, size, pinned, NEVER if first is None else first,
+                        NEVER if last is None else last)
+            for image_id, size, pinned, first, last in record.images
+        ]
+        order = eviction_order(images, in_use)
+        expired: list[ImageRecord] = []
+        if record.image_fs is None:  # the eviction manager's reclaim: all it can, no ages
+            removals = choose_for_space(order, math.inf, record.now, policy).removals
+        else:
+            expired = expired_images(order, record.now, policy, record.started_at)
+            gone = set(record.removed_by_age)
+            needed = bytes_to_free(ImageFs(*record.image_fs), policy)
+            rest = [r for r in order if r.id not in gone]
+            removals = choose_for_space(rest, needed, record.now, policy).removals if needed else ()
+        recorded = {"expired": record.expired, "removals": record.removals}
+        replayed = {"expired": [r.id for r in expired], "removals": [r.id for r in removals]}
+        summary = f"image GC: remove {len(expired)} for age, {len(removals)} for space"
+        self._gc_trace(line, t, "the replayed image GC choice differs from the recorded one",
+                       recorded, replayed, summary)
+
+    def _gc_trace(self, line: int, t: float, reason: str, recorded: dict[str, Any],
+                  replayed: dict[str, Any], summary: str) -> None:
+        diverged = replayed != recorded
+        if diverged:
+            self._diverge(line, "(node)", reason, recorded, replayed)
+        self.result.trace.append(DecisionTrace(line, t, "(node)", "", summary, diverged=diverged))
+
+    def _image_policy(self, line: int) -> ImageGCPolicy:
+        """The image GC policy of the recording's configuration (parsed once)."""
+        if self._image_gc_policy is None:
+            self._image_gc_policy = image_gc_policy(self._header_config(line))
+        return self._image_gc_policy
+
     def _thresholds(self, line: int) -> tuple[Threshold, ...]:
         """The eviction thresholds of the recording's configuration (parsed once)."""
         if self._eviction_thresholds is None:
             try:
-                wire = self.header.config if self.header else {}
-                config = KubeletConfiguration.model_validate(wire)
-                self._eviction_thresholds = EvictionConfig.from_config(config).thresholds
-            except (ValidationError, ConfigError) as err:
+                config = EvictionConfig.from_config(self._header_config(line))
+            except ConfigError as err:
                 raise RecordingError(line, f"header config: {err}") from None
+            self._eviction_thresholds = config.thresholds
         return self._eviction_thresholds
+
+    def _header_config(self, line: int) -> KubeletConfiguration:
+        wire = self.header.config if self.header else {}
+        try:
+            return KubeletConfiguration.model_validate(wire)
+        except ValidationError as err:
+            raise RecordingError(line, f"header config: {err}") from None
 
     def _check_gate(
         self,
