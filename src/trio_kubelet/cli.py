@@ -344,7 +344,7 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
         "--eviction-hard",
         "evictionHard",
         _thresholds,
-        "hard eviction thresholds, e.g. memory.available<100Mi,nodefs.available<10%",
+        "hard eviction thresholds, e.g. memory.available<100Mi,nodefs.available<10%%",
         "THRESHOLDS",
     ),
     ConfigFlag(

@@ -646,3 +646,15 @@ def test_klog_style_log_lines() -> None:
     line = formatter.format(record)
     assert line.startswith("W") and line.endswith(" trio_kubelet.x] a\\nb c")
     assert "\n" not in line
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["replay", "--help"]])
+def test_help_renders_every_flag(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse formats help strings with %: a bare one (as in "10%") crashes --help."""
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args(argv)
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    if argv[0] == "run":
+        assert "memory.available<100Mi,nodefs.available<10%\n" in out
+        assert all(flag.flag in out for flag in cli.CONFIG_FLAGS)
