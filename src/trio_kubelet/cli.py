@@ -284,7 +284,34 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
         _bool,
         "allow anonymous requests to the kubelet API",
     ),
+    ConfigFlag(
+        "--authentication-token-webhook",
+        "authentication.webhook.enabled",
+        _bool,
+        "verify bearer tokens with TokenReviews sent to the API server",
+    ),
+    ConfigFlag(
+        "--authentication-token-webhook-cache-ttl",
+        "authentication.webhook.cacheTTL",
+        _duration,
+        "how long TokenReview answers are cached",
+        "DURATION",
+    ),
     ConfigFlag("--authorization-mode", "authorization.mode", str, "AlwaysAllow or Webhook", "MODE"),
+    ConfigFlag(
+        "--authorization-webhook-cache-authorized-ttl",
+        "authorization.webhook.cacheAuthorizedTTL",
+        _duration,
+        "how long allowing SubjectAccessReview answers are cached",
+        "DURATION",
+    ),
+    ConfigFlag(
+        "--authorization-webhook-cache-unauthorized-ttl",
+        "authorization.webhook.cacheUnauthorizedTTL",
+        _duration,
+        "how long denying SubjectAccessReview answers are cached",
+        "DURATION",
+    ),
     ConfigFlag("--cluster-domain", "clusterDomain", str, "DNS domain of the cluster", "DOMAIN"),
     ConfigFlag(
         "--cluster-dns", "clusterDNS", _list, "DNS server IPs for pods, comma-separated", "IPS"
@@ -400,6 +427,41 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
 )
 
 
+# Go kubelet flags for features trio-kubelet does not have. A command line written for the
+# Go kubelet still starts the agent; each one given is named in a warning at start-up.
+GO_ONLY_FLAGS = (
+    "--bootstrap-kubeconfig",
+    "--cloud-provider",
+    "--fail-swap-on",
+    "--image-credential-provider-bin-dir",
+    "--image-credential-provider-config",
+    "--kube-reserved-cgroup",
+    "--kubelet-cgroups",
+    "--log-dir",
+    "--logtostderr",
+    "--pod-infra-container-image",
+    "--pod-max-pids",
+    "--protect-kernel-defaults",
+    "--provider-id",
+    "--registry-burst",
+    "--registry-qps",
+    "--rotate-certificates",
+    "--runtime-cgroups",
+    "--system-cgroups",
+    "--system-reserved-cgroup",
+    "--volume-plugin-dir",
+)
+
+
+def _ignored_dest(flag: str) -> str:
+    return "ignored_" + flag.removeprefix("--").replace("-", "_")
+
+
+def ignored_flags(args: argparse.Namespace) -> list[str]:
+    """The Go-only flags on the command line (they change nothing)."""
+    return [flag for flag in GO_ONLY_FLAGS if getattr(args, _ignored_dest(flag), None) is not None]
+
+
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     node = parser.add_argument_group("node")
     node.add_argument("--config", type=Path, metavar="FILE", help="KubeletConfiguration file")
@@ -454,7 +516,21 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print a live pod table on stdout, like `kubectl get pods -w` (logs go to stderr)",
     )
+    node.add_argument(
+        "--cert-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the self-signed serving certificate is kept when --tls-cert-file is not "
+        "given (default <root-dir>/pki)",
+    )
     _add_container_gc_flags(parser)
+    go_only = parser.add_argument_group(
+        "Go kubelet flags accepted and ignored, with a warning",
+        " ".join(GO_ONLY_FLAGS),
+    )
+    for name in GO_ONLY_FLAGS:
+        go_only.add_argument(name, dest=_ignored_dest(name), nargs="?", const="true",
+                             help=argparse.SUPPRESS)
     overrides = parser.add_argument_group("configuration (each overrides the --config file)")
     for flag in CONFIG_FLAGS:
         kwargs: dict[str, Any] = {"dest": flag.dest, "type": flag.parse, "help": flag.help}
@@ -559,6 +635,7 @@ def agent_options(args: argparse.Namespace) -> AgentOptions:
         node_ip=args.node_ip,
         node_labels=args.node_labels,
         kubeconfig=args.kubeconfig,
+        cert_dir=args.cert_dir,
         record=args.record,
         record_max_bytes=args.record_max_bytes,
         verbosity=args.verbosity,
@@ -616,6 +693,10 @@ def _fail(message: str) -> int:
 def _run(args: argparse.Namespace) -> int:
     options = agent_options(args)
     configure_logging(options.verbosity)
+    ignored = ignored_flags(args)
+    if ignored:
+        logging.getLogger("trio_kubelet").warning(
+            "Go kubelet flag(s) not implemented by trio-kubelet, ignored: %s", ", ".join(ignored))
     try:
         agent = importlib.import_module("trio_kubelet.agent")
     except ModuleNotFoundError as exc:

@@ -823,6 +823,8 @@ class AgentOptions:
     # --node-labels, in the order given (a tuple keeps the options hashable).
     node_labels: tuple[tuple[str, str], ...] = ()
     kubeconfig: Path | None = None
+    # Where the self-signed serving certificate goes (Go's --cert-dir); None: <root-dir>/pki.
+    cert_dir: Path | None = None
     record: Path | None = None
     record_max_bytes: int | None = None
     config_file: Path | None = None
@@ -844,6 +846,7 @@ def build_agent_options(
     node_ip: str | None = None,
     node_labels: Sequence[str] = (),
     kubeconfig: Path | None = None,
+    cert_dir: Path | None = None,
     record: Path | None = None,
     record_max_bytes: int | None = None,
     verbosity: int = 0,
@@ -858,6 +861,7 @@ def build_agent_options(
         node_ip=parse_node_ips(node_ip) if node_ip else None,
         node_labels=parse_node_labels(node_labels),
         kubeconfig=kubeconfig,
+        cert_dir=cert_dir.absolute() if cert_dir is not None else None,
         record=record,
         record_max_bytes=record_max_bytes,
         config_file=config_file,

@@ -658,3 +658,35 @@ def test_help_renders_every_flag(argv: list[str], capsys: pytest.CaptureFixture[
     if argv[0] == "run":
         assert "memory.available<100Mi,nodefs.available<10%\n" in out
         assert all(flag.flag in out for flag in cli.CONFIG_FLAGS)
+
+
+def test_go_auth_webhook_flags_set_their_config_fields() -> None:
+    options = cli.parse_run_options([
+        "--hostname-override=n", "--authentication-token-webhook=false",
+        "--authentication-token-webhook-cache-ttl=30s",
+        "--authorization-webhook-cache-authorized-ttl=1m",
+        "--authorization-webhook-cache-unauthorized-ttl", "5s",
+        "--cert-dir", "/var/lib/kubelet/pki",
+    ])
+    auth = options.config.authentication.webhook
+    assert (auth.enabled, auth.cache_ttl) == (False, 30.0)
+    webhook = options.config.authorization.webhook
+    assert (webhook.cache_authorized_ttl, webhook.cache_unauthorized_ttl) == (60.0, 5.0)
+    assert options.cert_dir == Path("/var/lib/kubelet/pki")
+    assert cli.parse_run_options(["--hostname-override=n", "--authentication-token-webhook"]
+                                 ).config.authentication.webhook.enabled
+
+
+def test_go_only_flags_are_accepted_and_named_in_a_warning(
+    fake_agent: list[AgentOptions], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A command line written for the Go kubelet starts the agent; nothing is silently lost."""
+    with caplog.at_level(logging.WARNING):
+        status = cli.main(["--hostname-override=n", "--fail-swap-on=false", "--logtostderr",
+                           "--pod-infra-container-image", "registry.k8s.io/pause:3.10",
+                           "--registry-qps=0", "--max-pods=20"])
+    assert status == 0 and fake_agent[0].config.max_pods == 20
+    assert caplog.messages == [
+        "Go kubelet flag(s) not implemented by trio-kubelet, ignored: --fail-swap-on, "
+        "--logtostderr, --pod-infra-container-image, --registry-qps"
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import ipaddress
 import ssl
@@ -71,6 +72,14 @@ def test_self_signed_pair_is_generated_once_then_reused(tmp_path: Path) -> None:
         x509.SubjectAlternativeName).value
     assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["10.0.0.5",
                                                                            "fd00::5"]
+
+
+def test_cert_dir_holds_the_self_signed_pair_instead_of_the_root_dir(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    given = dataclasses.replace(options(tmp_path / "root"), cert_dir=certs)
+    assert ensure_serving_certificate(given) == ServingCertificate(
+        certs / "kubelet.crt", certs / "kubelet.key", generated=True)
+    assert not (tmp_path / "root" / "pki").exists()
 
 
 def test_expired_or_broken_pair_is_replaced(tmp_path: Path) -> None:

@@ -152,7 +152,8 @@ def _node_ips(options: AgentOptions) -> list[str]:
 
 
 def ensure_serving_certificate(options: AgentOptions) -> ServingCertificate:
-    """The configured certificate pair, or the self-signed one under ``<root-dir>/pki``.
+    """The configured certificate pair, or the self-signed one in ``--cert-dir``
+    (default ``<root-dir>/pki``).
 
     Blocking (file I/O, RSA key generation): call it through ``trio.to_thread``.
     """
@@ -164,7 +165,7 @@ def ensure_serving_certificate(options: AgentOptions) -> ServingCertificate:
                                  "tlsPrivateKeyFile is set")
         return ServingCertificate(Path(config.tls_cert_file), Path(config.tls_private_key_file))
 
-    pki = options.root_dir / "pki"
+    pki = options.cert_dir if options.cert_dir is not None else options.root_dir / "pki"
     cert_file, key_file = pki / "kubelet.crt", pki / "kubelet.key"
     now = datetime.datetime.now(datetime.UTC)
     if _usable(cert_file, key_file, now):
