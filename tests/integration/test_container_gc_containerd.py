@@ -103,6 +103,9 @@ async def test_container_gc_keeps_the_previous_instance_and_cleans_up_after_the_
         assert (previous.metadata.attempt, current.metadata.attempt) == (2, 3)
         assert sorted(p.name for p in log_dir.iterdir()) == ["2.log", "3.log"]
         assert agent.output(pod, "main", restart=2) == ["run 3"]
+        # Running is reported when the process starts, maybe before its first line.
+        await wait_until(lambda: agent.output(pod, "main", restart=3) == ["run 4"], 10,
+                         "the current instance's line")
         async with httpx.AsyncClient(verify=False, timeout=10) as http:
             logs = f"https://127.0.0.1:{port}/containerLogs/default/crash-itest-node/main"
             assert (await http.get(f"{logs}?previous=true")).text == "run 3\n"
