@@ -24,19 +24,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from multiprocessing.synchronize import Event
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 from bench_steady_state import tree_version
+from fake_runtime_server import fake_process
 
 from trio_kubelet.core.container_gc import GCPolicy, plan_container_gc
 from trio_kubelet.reconcile import container_gc
@@ -44,13 +42,13 @@ from trio_kubelet.reconcile.container_gc import ContainerGC, _gc_container, _gc_
 from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.client import open_cri_client
 from trio_kubelet.runtime.cri.runtime import v1
-from trio_kubelet.runtime.fake import FakeRuntime, serve_fake_runtime
+from trio_kubelet.runtime.fake import FakeRuntime
 
 PODS = 200
 IMAGE = "registry.local/app:v1"
 
 
-def populate(fake: FakeRuntime, logs: Path, dead: int, *, stop_sandboxes: bool) -> None:
+def populate(fake: FakeRuntime, *, logs: Path, dead: int, stop_sandboxes: bool) -> None:
     """``PODS`` pods with ``dead // PODS`` exited instances of one container each."""
     fake.add_image(IMAGE)
     per_pod = dead // PODS
@@ -79,42 +77,15 @@ def populate(fake: FakeRuntime, logs: Path, dead: int, *, stop_sandboxes: bool) 
             fake.stop_pod_sandbox(v1.StopPodSandboxRequest(pod_sandbox_id=sandbox_id))
 
 
-def _serve(sock: str, logs: str, dead: int, gone: bool, ready: Event, done: Event) -> None:
-    """Child process: a populated fake runtime on ``sock`` until ``done`` is set."""
-    # Distinct, increasing creation times without waiting: the fake reads this clock.
-    ticks = iter(range(1_700_000_000, 1_800_000_000))
-
-    async def main() -> None:
-        async with serve_fake_runtime(sock, clock=lambda: float(next(ticks))) as fake:
-            populate(fake, Path(logs), dead, stop_sandboxes=gone)
-            ready.set()
-            while not done.is_set():
-                await trio.sleep(0.05)
-
-    trio.run(main)
-
-
-@contextmanager
-def fake_process(sock: str, logs: Path, dead: int, gone: bool) -> Iterator[None]:
-    context = multiprocessing.get_context("fork")  # before any trio loop runs in this process
-    ready, done = context.Event(), context.Event()
-    child = context.Process(target=_serve, args=(sock, str(logs), dead, gone, ready, done))
-    child.start()
-    try:
-        if not ready.wait(300):
-            raise RuntimeError("the fake runtime did not start")
-        yield
-    finally:
-        done.set()
-        child.join(10)
-
-
 def one_pass(dead: int, gone: bool, policy: GCPolicy) -> dict[str, Any]:
     """Populate a fresh fake, then time one GC pass and the pure choice over the same lists."""
     with tempfile.TemporaryDirectory(prefix="bench-gc-") as tmp:
         sock, logs = str(Path(tmp) / "cri.sock"), Path(tmp) / "logs"
         existing = set() if gone else {f"uid-{p:04d}" for p in range(PODS)}
-        with fake_process(sock, logs, dead, gone):
+        # Distinct, increasing creation times without waiting: the fake reads this clock.
+        ticks = iter(range(1_700_000_000, 1_800_000_000))
+        fill = partial(populate, logs=logs, dead=dead, stop_sandboxes=gone)
+        with fake_process(sock, fill, clock=lambda: float(next(ticks))):
 
             async def run() -> dict[str, Any]:
                 async with open_cri_client(sock) as client:

@@ -21,26 +21,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from multiprocessing.synchronize import Event
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 from bench_steady_state import tree_version
+from fake_runtime_server import fake_process, process_cpu_s
 
 from trio_kubelet.core.image_gc import ImageFs, ImageGCPolicy, plan_image_gc
 from trio_kubelet.images.gc import ImageGC
 from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.client import open_cri_client
 from trio_kubelet.runtime.cri.runtime import v1
-from trio_kubelet.runtime.fake import FakeRuntime, serve_fake_runtime
+from trio_kubelet.runtime.fake import FakeRuntime
 
 USED = 100  # images with a container
 MB = 10**6
@@ -51,7 +49,7 @@ def image_size(index: int) -> int:
     return (1 + index % 10) * MB
 
 
-def populate(fake: FakeRuntime, images: int) -> None:
+def populate(fake: FakeRuntime, *, images: int) -> None:
     """``images`` images; the first ``USED`` each run by a container of its own pod."""
     for index in range(images):
         ref = f"registry.local/bench/app{index}:v1"
@@ -70,39 +68,6 @@ def populate(fake: FakeRuntime, images: int) -> None:
         fake.start_container(v1.StartContainerRequest(container_id=container))
 
 
-def _serve(sock: str, images: int, ready: Event, done: Event) -> None:
-    async def main() -> None:
-        async with serve_fake_runtime(sock) as fake:
-            populate(fake, images)
-            ready.set()
-            while not done.is_set():
-                await trio.sleep(0.05)
-
-    trio.run(main)
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (from /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@contextmanager
-def fake_process(sock: str, images: int) -> Iterator[int]:
-    context = multiprocessing.get_context("fork")  # before any trio loop runs in this process
-    ready, done = context.Event(), context.Event()
-    child = context.Process(target=_serve, args=(sock, images, ready, done))
-    child.start()
-    try:
-        if not ready.wait(300):
-            raise RuntimeError("the fake runtime did not start")
-        assert child.pid is not None
-        yield child.pid
-    finally:
-        done.set()
-        child.join(10)
-
-
 def filesystem(images: int, shape: str) -> ImageFs:
     """An image filesystem whose usage makes ``shape`` happen."""
     unused = sum(image_size(i) for i in range(USED, images))
@@ -116,7 +81,7 @@ def filesystem(images: int, shape: str) -> ImageFs:
 def one_pass(images: int, shape: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-image-gc-") as tmp:
         sock = str(Path(tmp) / "cri.sock")
-        with fake_process(sock, images) as fake_pid:
+        with fake_process(sock, partial(populate, images=images)) as fake_pid:
 
             async def run() -> dict[str, Any]:
                 fs = filesystem(images, shape)

@@ -28,6 +28,7 @@ from trio_kubelet.runtime.fake import (
     FakeRuntime,
     normalize_image_ref,
     serve_fake_runtime,
+    serve_fake_runtime_on_asyncio,
 )
 from trio_kubelet.runtime.inspect import inspect_pod, relist
 
@@ -522,3 +523,25 @@ async def test_inspect_pod_adds_exit_details_and_network(env: Env) -> None:
     host = await inspect_pod(env.client, "uid-host")
     assert host.sandboxes[0].host_network and host.ip == ""
     assert (await inspect_pod(env.client, "uid-unknown")).containers == ()
+
+
+async def test_served_from_a_plain_asyncio_loop_in_another_thread(tmp_path: Path) -> None:
+    """The benchmarks' way of serving the fake (in a child process; a thread here)."""
+    import threading
+
+    sock = tmp_path / "cri.sock"
+    fake = FakeRuntime()
+    fake.add_image("busybox:1.36")
+    started, stop = threading.Event(), threading.Event()
+    server = threading.Thread(target=serve_fake_runtime_on_asyncio, args=(fake, sock),
+                              kwargs={"started": started.set, "done": stop.is_set})
+    server.start()
+    try:
+        assert await trio.to_thread.run_sync(started.wait, 10)
+        async with open_cri_client(f"unix://{sock}", timeout=5.0) as client:
+            assert [i.repo_tags for i in await client.list_images()] == [
+                ["docker.io/library/busybox:1.36"]]
+    finally:
+        stop.set()
+        await trio.to_thread.run_sync(server.join, 10)
+    assert not server.is_alive() and not sock.exists()
