@@ -177,7 +177,8 @@ async def _start_qos_cgroups(
     if not config.cgroups_per_qos:
         return None
     kubepods = kubepods_config({name: str(amount) for name, amount in limits.items()})
-    qos = QOSCgroups(cgroup_root=config.cgroup_root, kubepods=kubepods)
+    qos = QOSCgroups(cgroup_root=config.cgroup_root, kubepods=kubepods,
+                     pod_pids_limit=config.pod_pids_limit)
     try:
         await nursery.start(qos.run, store.pods)
     except CgroupError as err:

@@ -246,6 +246,9 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
     ),
     ConfigFlag("--max-pods", "maxPods", _int, "most pods this node runs", "N"),
     ConfigFlag(
+        "--pod-max-pids", "podPidsLimit", _int, "most processes in one pod, -1 for no limit", "N"
+    ),
+    ConfigFlag(
         "--allowed-unsafe-sysctls",
         "allowedUnsafeSysctls",
         _list,
@@ -440,7 +443,6 @@ GO_ONLY_FLAGS = (
     "--log-dir",
     "--logtostderr",
     "--pod-infra-container-image",
-    "--pod-max-pids",
     "--protect-kernel-defaults",
     "--provider-id",
     "--registry-burst",

@@ -90,7 +90,7 @@ GO_ONLY_FIELDS = _words(
     volumeStatsAggPeriod kubeletCgroups systemCgroups cpuManagerPolicy
     cpuManagerPolicyOptions singleProcessOOMKill cpuManagerReconcilePeriod
     memoryManagerPolicy topologyManagerPolicy topologyManagerScope
-    topologyManagerPolicyOptions qosReserved hairpinMode podCIDR podPidsLimit
+    topologyManagerPolicyOptions qosReserved hairpinMode podCIDR
     runOnce cpuCFSQuota cpuCFSQuotaPeriod nodeStatusMaxImages maxOpenFiles contentType
     podsPerCore enableControllerAttachDetach protectKernelDefaults makeIPTablesUtilChains
     iptablesMasqueradeBit iptablesDropBit failSwapOn memorySwap containerLogMaxWorkers
@@ -378,6 +378,8 @@ class KubeletConfiguration(_ConfigModel):
     streaming_connection_idle_timeout: Duration = 4 * 3600.0
     pod_logs_dir: str = "/var/log/pods"
     max_pods: NonNegative = 110
+    # pids.max of each pod cgroup (cgroupsPerQOS); -1 or 0: no limit.
+    pod_pids_limit: int = -1
     # Sysctl names (or prefixes ending in *) pods may set beyond the safe set.
     allowed_unsafe_sysctls: list[str] = Field(default_factory=list)
 

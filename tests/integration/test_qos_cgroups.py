@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import trio
 
 from tests.integration.harness import container, running, running_agent
 
@@ -96,3 +97,35 @@ async def test_container_over_its_memory_limit_is_oom_killed(containerd, tmp_pat
         terminated = container(pod, "app").state.terminated
         assert terminated is not None
         assert (terminated.reason, terminated.exit_code) == ("OOMKilled", 137), terminated
+
+
+async def test_pod_max_pids_caps_the_processes_of_a_pod(containerd, tmp_path):
+    """--pod-max-pids (podPidsLimit) is each pod cgroup's pids.max: a pod cannot fork past it."""
+    if not (CGROUPS / "pids").is_dir():
+        pytest.skip("the cgroup v1 pids hierarchy is needed")
+    async with running_agent(containerd.endpoint, tmp_path, "--pod-max-pids", "12") as agent:
+        # A subshell forks 30 sleeps (and gives up at the first refused fork); the main
+        # shell then reports and stays.
+        agent.write("forks.yaml", """\
+            apiVersion: v1
+            kind: Pod
+            metadata: {name: forks}
+            spec:
+              terminationGracePeriodSeconds: 1
+              containers:
+              - name: app
+                image: busybox:1.36
+                command:
+                - sh
+                - -c
+                - (for i in $(seq 30); do sleep 3600 & done) 2>&1; echo forked; exec sleep 3600
+            """)
+        pod = await agent.wait_for("forks", lambda p: running(p, "app"))
+        cgroup = ("kubepods", "besteffort", f"pod{pod.metadata.uid}")
+        assert read("pids", *cgroup, "pids.max") == "12"
+        with trio.move_on_after(30):
+            while "forked" not in agent.output(pod, "app"):
+                await trio.sleep(0.2)
+        output = agent.output(pod, "app")
+        assert "forked" in output and any("can't fork" in line for line in output), output
+        assert int(read("pids", *cgroup, "pids.current")) <= 12

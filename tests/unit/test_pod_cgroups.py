@@ -268,3 +268,10 @@ def test_burstable_shares_grow_only_with_burstable_pods(active: list[Pod], extra
     else:
         assert after == before
     assert qos_reserved_config([*active, extra])["BestEffort"].cpu_shares == MIN_SHARES
+
+
+def test_a_positive_pids_limit_applies_to_every_qos_class() -> None:
+    for subject in (BEST_EFFORT, pod(container("a", {"cpu": "1"}, {"cpu": "1"}))):
+        assert pod_resource_config(subject, pids_limit=64).pids_limit == 64
+        assert pod_resource_config(subject, pids_limit=0).pids_limit is None
+        assert pod_resource_config(subject).pids_limit is None

@@ -333,3 +333,15 @@ async def test_a_real_pod_cgroup_is_created_joined_and_removed(real_parent: str)
         leftover.wait()
     assert not any((h / pod_cgroup).exists() for h in REAL_ROOT.iterdir())
     assert await cgroups.orphans([]) == []
+
+
+async def test_pod_pids_limit_becomes_pids_max_of_every_pod_cgroup(fs: FakeCgroupfs) -> None:
+    cgroups = QOSCgroups(fs.root, pod_pids_limit=100)
+    await cgroups.start()
+    await cgroups.ensure_pod(BEST_EFFORT)
+    assert fs.read("pids", f"kubepods/besteffort/pod{UID}", "pids.max") == "100"
+    unlimited = QOSCgroups(fs.root)
+    other = make_pod(uid="0b9c6f2e-1d2a-4c3b-9e8f-7a6b5c4d3e2f")
+    await unlimited.ensure_pod(other)
+    assert not (fs.root / "pids" / "kubepods" / "besteffort" / f"pod{other.metadata.uid}" /
+                "pids.max").exists()

@@ -43,7 +43,8 @@ Resources = dict[str, Fraction]
 class CgroupConfig:
     """The settings to write to one cgroup; None leaves that setting as it is.
 
-    ``cpu_quota`` is microseconds per ``cpu_period`` and ``memory_limit`` bytes.
+    ``cpu_quota`` is microseconds per ``cpu_period``, ``memory_limit`` bytes and
+    ``pids_limit`` processes (``pids.max``).
     ``hugepage_limits`` maps a page size in bytes to a limit in bytes; page sizes
     the machine has but the mapping lacks get ``hugepage_default`` (the Go
     kubelet forbids huge pages a pod did not request).
@@ -53,6 +54,7 @@ class CgroupConfig:
     cpu_quota: int | None = None
     cpu_period: int | None = None
     memory_limit: int | None = None
+    pids_limit: int | None = None
     hugepage_limits: Mapping[int, int] | None = None
     hugepage_default: int = 0
 
@@ -95,20 +97,22 @@ def cpu_quota(cpu: Fraction) -> int:
     return max(MIN_QUOTA_US, _milli(cpu) * CPU_PERIOD_US // 1000)
 
 
-def pod_resource_config(pod: Pod) -> CgroupConfig:
+def pod_resource_config(pod: Pod, *, pids_limit: int = -1) -> CgroupConfig:
     """The pod cgroup's limits (Go's ResourceConfigForPod, cgroup v1, CFS quota enforced).
 
     Shares follow the summed requests. A Burstable pod gets a CFS quota only when
     every container declares a cpu limit, and a memory limit only when every one
     declares a memory limit; a partial sum would throttle the others. BestEffort
-    gets the minimum shares and nothing else.
+    gets the minimum shares. Every pod gets ``pids_limit`` (podPidsLimit) when it
+    is positive.
     """
     requests = pod_requests(pod)
     limits, every_cpu, every_memory = _pod_limits(pod)
     hugepages = _hugepage_limits(requests)
+    pids = pids_limit if pids_limit > 0 else None
     qos = pod_qos_class(pod)
     if qos == "BestEffort":
-        return CgroupConfig(cpu_shares=MIN_SHARES, hugepage_limits=hugepages)
+        return CgroupConfig(cpu_shares=MIN_SHARES, pids_limit=pids, hugepage_limits=hugepages)
     shares = cpu_shares(requests.get("cpu", Fraction(0)))
     quota = cpu_quota(limits.get("cpu", Fraction(0)))
     memory = math.ceil(limits.get("memory", Fraction(0)))
@@ -118,6 +122,7 @@ def pod_resource_config(pod: Pod) -> CgroupConfig:
         cpu_quota=quota if guaranteed or every_cpu else None,
         cpu_period=CPU_PERIOD_US if guaranteed or every_cpu else None,
         memory_limit=memory if guaranteed or every_memory else None,
+        pids_limit=pids,
         hugepage_limits=hugepages,
     )
 

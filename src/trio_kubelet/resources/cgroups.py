@@ -76,6 +76,7 @@ class QOSCgroups:
     ``<cgroup_root>/kubepods``. ``kubepods`` is the setting for kubepods itself
     (`core.pod_cgroups.kubepods_config` of the node's capacity, or of its
     allocatable once allocatable is enforced); None leaves it as it is.
+    ``pod_pids_limit`` is podPidsLimit, each new pod cgroup's ``pids.max``.
     """
 
     def __init__(
@@ -84,8 +85,10 @@ class QOSCgroups:
         cgroup_root: str = "/",
         *,
         kubepods: CgroupConfig | None = None,
+        pod_pids_limit: int = -1,
     ) -> None:
         self._root = root
+        self._pod_pids_limit = pod_pids_limit
         self._cgroup_root = cgroup_root
         self._root_parts = tuple(p for p in cgroup_root.split("/") if p)
         self._kubepods = kubepods
@@ -129,7 +132,7 @@ class QOSCgroups:
     async def ensure_pod(self, pod: Pod) -> None:
         """Create the pod's cgroup with its limits, unless it exists; before RunPodSandbox."""
         name = pod_cgroup_name(pod)
-        config = pod_resource_config(pod)
+        config = pod_resource_config(pod, pids_limit=self._pod_pids_limit)
         await trio.to_thread.run_sync(self._ensure_pod, name, config)
 
     async def update_qos(self, pods: Iterable[Pod]) -> None:
@@ -247,6 +250,9 @@ class QOSCgroups:
             memory = self._node("memory", parts).controller
             with _acting_on(self._path("memory", parts), "set the memory limit of"):
                 memory.limit_in_bytes = config.memory_limit
+        if config.pids_limit is not None and (self._root / "pids").is_dir():
+            with _acting_on(self._path("pids", parts), "set the process limit of"):
+                (self._path("pids", parts) / "pids.max").write_text(str(config.pids_limit))
         if config.hugepage_limits is not None and (self._root / "hugetlb").is_dir():
             self._apply_hugetlb(self._path("hugetlb", parts), config)
 
