@@ -409,6 +409,8 @@ async def run_agent(
             images = ImageManager(client, events, serialize_pulls=config.serialize_image_pulls,
                                   max_parallel_pulls=config.max_parallel_image_pulls,
                                   pull_timeout=config.runtime_request_timeout or None,
+                                  registry_qps=config.registry_pull_qps,
+                                  registry_burst=config.registry_burst,
                                   metrics=metrics)
             images.on_image_used = image_gc.note_used
             ctx = WorkerContext(

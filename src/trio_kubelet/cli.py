@@ -359,6 +359,10 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
     ),
     ConfigFlag("--serialize-image-pulls", "serializeImagePulls", _bool, "pull one image at a time"),
     ConfigFlag(
+        "--registry-qps", "registryPullQPS", _int, "image pulls a second, 0 for no limit", "N"
+    ),
+    ConfigFlag("--registry-burst", "registryBurst", _int, "image pulls allowed at once", "N"),
+    ConfigFlag(
         "--minimum-image-ttl-duration",
         "imageMinimumGCAge",
         _duration,
@@ -445,8 +449,6 @@ GO_ONLY_FLAGS = (
     "--pod-infra-container-image",
     "--protect-kernel-defaults",
     "--provider-id",
-    "--registry-burst",
-    "--registry-qps",
     "--rotate-certificates",
     "--runtime-cgroups",
     "--system-cgroups",

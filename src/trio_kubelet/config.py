@@ -84,7 +84,7 @@ _NODE_ALLOCATABLE_KEYS = frozenset(
 # accepted without complaint (an operator's existing file must load) and listed once.
 GO_ONLY_FIELDS = _words(
     """enableServer volumePluginDir providerID tlsCipherSuites tlsMinVersion rotateCertificates
-    serverTLSBootstrap registryPullQPS registryBurst imagePullCredentialsVerificationPolicy
+    serverTLSBootstrap imagePullCredentialsVerificationPolicy
     preloadedImagesVerificationAllowlist eventRecordQPS eventBurst enableDebuggingHandlers
     enableContentionProfiling oomScoreAdj
     volumeStatsAggPeriod kubeletCgroups systemCgroups cpuManagerPolicy
@@ -417,6 +417,9 @@ class KubeletConfiguration(_ConfigModel):
     image_maximum_gc_age: Duration = Field(default=0.0, alias="imageMaximumGCAge")
     serialize_image_pulls: bool = True
     max_parallel_image_pulls: int | None = None
+    # Image pulls a second, and how many may come at once; 0 QPS is no limit.
+    registry_pull_qps: NonNegative = Field(default=5, alias="registryPullQPS")
+    registry_burst: NonNegative = Field(default=10, alias="registryBurst")
 
     # Eviction.
     eviction_hard: ThresholdMap = Field(default_factory=lambda: dict(DEFAULT_EVICTION_HARD))

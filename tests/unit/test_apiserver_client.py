@@ -16,8 +16,8 @@ import trustme
 from trio_kubelet.apiserver import errors
 from trio_kubelet.apiserver.client import APIClient, WatchEvent
 from trio_kubelet.apiserver.kubeconfig import Connection, KubeconfigError, load_kubeconfig
-from trio_kubelet.apiserver.ratelimit import TokenBucket
 from trio_kubelet.apiserver.reflector import Reflector
+from trio_kubelet.core.token_bucket import TokenBucket
 
 PLAIN = Connection(server="http://api.test", ssl_context=None, token="sekrit")
 
@@ -92,6 +92,14 @@ def test_token_bucket_allows_a_burst_then_paces_at_qps() -> None:
     assert waits == [0.0, 0.0, 0.0, pytest.approx(0.2), pytest.approx(0.4)]
     assert bucket.reserve(11.0) == pytest.approx(0.0, abs=1e-9)  # refilled by a second
     assert TokenBucket(qps=0, burst=0).reserve(0.0) == 0.0
+
+
+def test_token_bucket_try_accept_takes_only_what_is_there() -> None:
+    bucket = TokenBucket(qps=2, burst=2)
+    assert [bucket.try_accept(5.0) for _ in range(3)] == [True, True, False]
+    assert not bucket.try_accept(5.4)  # 0.8 of a token: a refusal owes nothing
+    assert bucket.try_accept(5.5) and not bucket.try_accept(5.5)
+    assert TokenBucket(qps=0, burst=0).try_accept(0.0)
 
 
 class Recording:

@@ -684,9 +684,9 @@ def test_go_only_flags_are_accepted_and_named_in_a_warning(
     with caplog.at_level(logging.WARNING):
         status = cli.main(["--hostname-override=n", "--fail-swap-on=false", "--logtostderr",
                            "--pod-infra-container-image", "registry.k8s.io/pause:3.10",
-                           "--registry-qps=0", "--max-pods=20"])
+                           "--kubelet-cgroups=/kubelet", "--max-pods=20"])
     assert status == 0 and fake_agent[0].config.max_pods == 20
     assert caplog.messages == [
         "Go kubelet flag(s) not implemented by trio-kubelet, ignored: --fail-swap-on, "
-        "--logtostderr, --pod-infra-container-image, --registry-qps"
+        "--kubelet-cgroups, --logtostderr, --pod-infra-container-image"
     ]

@@ -297,6 +297,31 @@ async def test_parallel_pulls_without_a_limit_all_run_at_once(tmp_path: Path) ->
         assert fake.max_pulls_in_flight == 4
 
 
+async def test_pulls_past_registry_qps_fail_and_back_off(tmp_path: Path) -> None:
+    """registryPullQPS 10, registryBurst 2: of three pulls at once one is refused."""
+    async with limited(tmp_path, serialize_pulls=False, registry_qps=10, registry_burst=2) as (
+            fake, images):
+        outcomes: dict[str, str] = {}
+
+        async def pull(index: int) -> None:
+            try:
+                outcomes[f"app{index}"] = await images.ensure(
+                    container(f"registry.local/app{index}:v1"), f"uid-{index}", NOW)
+            except ImageError as err:
+                outcomes[f"app{index}"] = f"{err.reason}: {err.message} ({err.retry_in}s)"
+
+        async with trio.open_nursery() as nursery:
+            for index in range(3):
+                nursery.start_soon(pull, index)
+        (refused,) = [v for v in outcomes.values() if not v.startswith("sha256:")]
+        assert re.fullmatch(r'ErrImagePull: Failed to pull image "registry.local/app\d:v1": '
+                            r"pull QPS exceeded \(10.0s\)", refused), refused
+        assert fake.calls["PullImage"] == 2  # the refused pull never reached the runtime
+        await trio.sleep(0.15)  # a token back
+        assert await images.ensure(container("registry.local/app9:v1"), "uid-9", NOW + 11)
+        assert fake.calls["PullImage"] == 3
+
+
 def test_pull_slots_follow_the_configuration() -> None:
     assert pull_slots(True, None) == 1
     assert pull_slots(False, None) is None

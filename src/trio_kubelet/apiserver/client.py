@@ -25,7 +25,7 @@ from trio_kubelet.apiserver.errors import (
     error_from_status,
 )
 from trio_kubelet.apiserver.kubeconfig import Connection
-from trio_kubelet.apiserver.ratelimit import TokenBucket
+from trio_kubelet.core.token_bucket import TokenBucket
 
 log = logging.getLogger("trio_kubelet.apiserver")
 

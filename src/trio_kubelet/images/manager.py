@@ -33,6 +33,7 @@ from trio_kubelet.core.image_ref import (
 )
 from trio_kubelet.core.objects import ObjectLookup
 from trio_kubelet.core.references import image_pull_secret_names
+from trio_kubelet.core.token_bucket import TokenBucket
 from trio_kubelet.images.keyring import DockerConfigError, RegistryAuth, pod_keyring
 from trio_kubelet.kube_events import EventRecorder, EventType, ObjectRef
 from trio_kubelet.metrics import AgentMetrics, image_size_bucket
@@ -51,6 +52,8 @@ IMAGE_BACKOFF_MAX = 300.0
 PULL_PROGRESS_LOG_INTERVAL = 30.0
 # The prefix a runtime puts on a pull error when the registry cannot be reached (CRI errors).
 REGISTRY_UNAVAILABLE = "RegistryUnavailable"
+# The pull error when registryPullQPS is exhausted (Go's throttledImageService).
+PULL_QPS_EXCEEDED = "pull QPS exceeded"
 
 
 class ImageError(Exception):
@@ -85,8 +88,8 @@ class _Pulled:
 
 
 class _PullFailed(Exception):
-    def __init__(self, errors: Sequence[CRIError]) -> None:
-        super().__init__("; ".join(str(e) for e in errors))
+    def __init__(self, errors: Sequence[CRIError], message: str = "") -> None:
+        super().__init__(message or "; ".join(str(e) for e in errors))
         self.errors = list(errors)
 
 
@@ -101,9 +104,14 @@ class ImageManager:
         serialize_pulls: bool = True,
         max_parallel_pulls: int | None = None,
         pull_timeout: float | None = None,
+        registry_qps: float = 0.0,
+        registry_burst: int = 1,
         metrics: AgentMetrics | None = None,
     ) -> None:
         self._client = client
+        # registryPullQPS / registryBurst: a pull beyond the rate fails ("pull QPS exceeded")
+        # and backs off, as the Go kubelet's throttled image service does; 0 is no limit.
+        self._pull_rate = TokenBucket(registry_qps, registry_burst)
         self.events = events if events is not None else EventRecorder()
         self._backoff = Backoff(IMAGE_BACKOFF_INITIAL, IMAGE_BACKOFF_MAX)
         slots = pull_slots(serialize_pulls, max_parallel_pulls)
@@ -280,6 +288,8 @@ class ImageManager:
         ] or [None]
         errors: list[CRIError] = []
         for auth in attempts:
+            if not self._pull_rate.try_accept(trio.current_time()):
+                raise _PullFailed(errors, PULL_QPS_EXCEEDED)
             try:
                 return await self._client.pull_image(
                     image, auth=auth, call_timeout=self._pull_timeout
