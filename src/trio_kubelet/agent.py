@@ -70,6 +70,7 @@ from trio_kubelet.sources.oom import OOMWatcher
 from trio_kubelet.sources.pleg import run_pleg
 from trio_kubelet.sources.sampler import Sampler
 from trio_kubelet.sources.static_files import run_static_files
+from trio_kubelet.sources.volume_stats import VolumeStats
 from trio_kubelet.status.manager import StatusManager
 from trio_kubelet.status.mirror import MirrorPods
 from trio_kubelet.status.store import PodStatusStore
@@ -440,10 +441,12 @@ async def run_agent(
                 allowed_unsafe_sysctls=config.allowed_unsafe_sysctls,
             )
             loops.append(loop)
+            volume_stats = VolumeStats(options.root_dir / "pods")
             sampler = Sampler(
                 root_fs=options.root_dir if options.root_dir.exists() else Path("/"),
                 pod_logs_dir=Path(config.pod_logs_dir),
                 wall_clock=clock.now,
+                volumes=volume_stats.latest,
             )
             oom = OOMWatcher(on_counts=sampler.set_oom_counts, wall_clock=clock.now)
             eviction = EvictionManager(
@@ -507,6 +510,7 @@ async def run_agent(
                                            on_relist=oom.update))
                 nursery.start_soon(_resync, send.clone(), config.sync_frequency)
                 await nursery.start(oom.run, send.clone())
+                await nursery.start(volume_stats.run)
                 nursery.start_soon(partial(sampler.run, client, interval=HOUSEKEEPING_INTERVAL))
                 await nursery.start(image_gc.run)
                 await nursery.start(eviction.run)

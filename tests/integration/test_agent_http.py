@@ -75,3 +75,44 @@ async def test_anonymous_requests_are_refused_by_default(containerd, tmp_path):
     ):
         response = await http.get(f"https://127.0.0.1:{port}/pods")
         assert response.status_code == 401
+
+
+async def test_summary_reports_pod_volumes_and_counts_an_empty_dir_as_ephemeral_storage(
+    containerd, tmp_path, monkeypatch
+):
+    from trio_kubelet import agent as agent_module
+    from trio_kubelet.sources import volume_stats
+
+    monkeypatch.setattr(agent_module, "HOUSEKEEPING_INTERVAL", 1.0)
+    monkeypatch.setattr(volume_stats, "VOLUME_STATS_PERIOD", 1.0)
+    port = free_port()
+    flags = ("--address", "127.0.0.1", "--port", str(port), "--authorization-mode",
+             "AlwaysAllow", "--anonymous-auth=true")
+    async with running_agent(containerd.endpoint, tmp_path, *flags) as agent:
+        agent.write("scratch.yaml", """\
+apiVersion: v1
+kind: Pod
+metadata: {name: scratch}
+spec:
+  terminationGracePeriodSeconds: 1
+  volumes: [{name: scratch, emptyDir: {}}]
+  containers:
+  - name: app
+    image: busybox:1.36
+    volumeMounts: [{name: scratch, mountPath: /scratch}]
+    command: ["sh", "-c", "dd if=/dev/urandom of=/scratch/data bs=1024 count=3072; sleep 3600"]
+""")
+        await agent.wait_for("scratch", lambda p: running(p, "app"))
+        volume: dict = {}
+        async with httpx.AsyncClient(verify=False, timeout=10) as http:
+            with trio.fail_after(30):
+                while volume.get("usedBytes", 0) < 3 << 20:
+                    await trio.sleep(0.5)
+                    summary = (await http.get(f"https://127.0.0.1:{port}/stats/summary")).json()
+                    pods = [p for p in summary["pods"]
+                            if p["podRef"]["name"] == "scratch-itest-node"]
+                    volumes = pods[0].get("volume", []) if pods else []
+                    volume = next((v for v in volumes if v["name"] == "scratch"), {})
+        assert volume["capacityBytes"] > volume["availableBytes"] > 0
+        assert volume["inodesUsed"] >= 2  # the directory and the file
+        assert pods[0]["ephemeral-storage"]["usedBytes"] >= 3 << 20

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ from trio_kubelet.core.stats import (
     MachineInfo,
     NodeReading,
     Sample,
+    VolumeUsage,
     build_cadvisor_metrics,
     build_resource_metrics,
     build_sample,
@@ -208,6 +210,25 @@ def test_summary_reports_ephemeral_storage_only_for_managed_pods() -> None:
     _, sample = two_samples()
     (pod,) = build_summary(sample, "n", [])["pods"]
     assert "ephemeral-storage" not in pod
+
+
+def test_summary_lists_pod_volumes_and_counts_ephemeral_ones_in_ephemeral_storage() -> None:
+    _, sample = two_samples()
+    scratch = VolumeUsage("scratch", FsUsage(used_bytes=3 * MiB, inodes_used=3), ROOT_FS,
+                          ephemeral=True)
+    token = VolumeUsage("token", FsUsage(used_bytes=12288, inodes_used=4), None, ephemeral=False)
+    with_volumes = dataclasses.replace(sample, volumes={"uid-web": (scratch, token)})
+    (pod,) = build_summary(with_volumes, "n", [make_pod()])["pods"]
+    assert pod["volume"] == [
+        {"time": format_time(T + 10), "availableBytes": 40 * MiB, "capacityBytes": 100 * MiB,
+         "usedBytes": 3 * MiB, "inodesFree": 600, "inodes": 1000, "inodesUsed": 3,
+         "name": "scratch"},
+        {"time": format_time(T + 10), "usedBytes": 12288, "inodesUsed": 4, "name": "token"},
+    ]
+    assert pod["ephemeral-storage"]["usedBytes"] == 4096 + 8192 + 3 * MiB  # not the token
+    assert pod["ephemeral-storage"]["inodesUsed"] == 6 + 3
+    (lean,) = build_summary(with_volumes, "n", [make_pod()], cpu_and_memory_only=True)["pods"]
+    assert "volume" not in lean
 
 
 # -- Prometheus text -----------------------------------------------------------------------------

@@ -68,6 +68,20 @@ class FsUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class VolumeUsage:
+    """One pod volume: what it uses (du), its filesystem (statvfs), and whether it is local
+    ephemeral storage (on the node's disk: emptyDir without a medium, configMap)."""
+
+    name: str
+    usage: FsUsage
+    fs: FsFigures | None
+    ephemeral: bool
+
+
+_NO_VOLUMES: Mapping[str, tuple[VolumeUsage, ...]] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerRef:
     """Who a cgroup belongs to, from the CRI labels; ``name`` is "" for a pod sandbox."""
 
@@ -165,6 +179,8 @@ class Sample:
     pods: tuple[PodSample, ...]
     oom_events: Mapping[str, int] = field(default_factory=lambda: _NO_COUNTS)  # id -> OOM kills
     errors: tuple[str, ...] = ()  # what could not be read this tick (scrape_error)
+    # Pod UID -> its volumes, as last measured (every minute, not every tick).
+    volumes: Mapping[str, tuple[VolumeUsage, ...]] = field(default_factory=lambda: _NO_VOLUMES)
     # Renderings of this sample, kept so repeated scrapes of one sample cost nothing.
     _rendered: dict[Hashable, Any] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -283,6 +299,7 @@ def build_sample(
     previous: Sample | None = None,
     oom_events: Mapping[str, int] = _NO_COUNTS,
     errors: Sequence[str] = (),
+    volumes: Mapping[str, tuple[VolumeUsage, ...]] = _NO_VOLUMES,
 ) -> Sample:
     """Combine one tick's readings with the previous sample: rates, per-pod sums.
 
@@ -307,7 +324,7 @@ def build_sample(
     return Sample(
         timestamp=timestamp, monotonic=monotonic, machine=machine,
         node=NodeSample(reading=node, cpu_nano_cores=node_rate), pods=pods,
-        oom_events=MappingProxyType(dict(oom_events)), errors=tuple(errors),
+        oom_events=MappingProxyType(dict(oom_events)), errors=tuple(errors), volumes=volumes,
     )
 
 
@@ -387,17 +404,32 @@ def _container_json(
     return out
 
 
-def _ephemeral_storage(time: str, pod: PodSample, node: NodeReading) -> dict[str, Any] | None:
-    """Containers' writable layers plus their logs (emptyDir volumes are not measured yet)."""
-    used = _sum(u.used_bytes for c in pod.containers for u in (c.rootfs, c.logs) if u)
-    inodes = _sum(u.inodes_used for c in pod.containers for u in (c.rootfs, c.logs) if u)
+def _ephemeral_storage(
+    time: str, pod: PodSample, node: NodeReading, volumes: Sequence[VolumeUsage]
+) -> dict[str, Any] | None:
+    """Containers' writable layers and logs plus the pod's local ephemeral volumes."""
+    usages = [u for c in pod.containers for u in (c.rootfs, c.logs) if u]
+    usages += [v.usage for v in volumes if v.ephemeral]
+    used = _sum(u.used_bytes for u in usages)
+    inodes = _sum(u.inodes_used for u in usages)
     if used is None and inodes is None:
         return None
     return _fs_json(time, node.root_fs, FsUsage(used_bytes=used, inodes_used=inodes))
 
 
+def _volume_json(time: str, volume: VolumeUsage) -> dict[str, Any]:
+    out = _fs_json(time, volume.fs, volume.usage) or {"time": time}
+    out["name"] = volume.name
+    return out
+
+
 def _pod_json(
-    time: str, pod: PodSample, node: NodeReading, known: bool, cpu_and_memory_only: bool
+    time: str,
+    pod: PodSample,
+    node: NodeReading,
+    known: bool,
+    cpu_and_memory_only: bool,
+    volumes: Sequence[VolumeUsage] = (),
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "podRef": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
@@ -409,8 +441,10 @@ def _pod_json(
     _set(out, "memory", _memory_json(time, pod.figures, pod.figures.memory_limit_bytes))
     if cpu_and_memory_only:
         return out
+    if volumes:
+        out["volume"] = [_volume_json(time, v) for v in volumes]
     if known:  # the Go kubelet reports ephemeral storage only for pods it manages
-        _set(out, "ephemeral-storage", _ephemeral_storage(time, pod, node))
+        _set(out, "ephemeral-storage", _ephemeral_storage(time, pod, node, volumes))
     if pod.figures.threads is not None:
         out["process_stats"] = {"process_count": pod.figures.threads}
     return out
@@ -457,7 +491,8 @@ def build_summary(
     known = {pod.metadata.uid for pod in pods}
     return {
         "node": _node_json(node_name, sample, time, cpu_and_memory_only),
-        "pods": [_pod_json(time, pod, sample.node.reading, pod.uid in known, cpu_and_memory_only)
+        "pods": [_pod_json(time, pod, sample.node.reading, pod.uid in known, cpu_and_memory_only,
+                           sample.volumes.get(pod.uid, ()))
                  for pod in sample.pods],
     }
 

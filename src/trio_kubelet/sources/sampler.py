@@ -35,6 +35,7 @@ from trio_kubelet.core.stats import (
     MachineInfo,
     NodeReading,
     Sample,
+    VolumeUsage,
     build_sample,
     memory_limit,
     working_set,
@@ -461,7 +462,8 @@ class Sampler:
     tree; ``root_fs`` is the node filesystem (the kubelet's root dir),
     ``image_fs`` the runtime's (containerd's root dir; None: the mount point the
     runtime reports in ImageFsInfo), ``pod_logs_dir`` where
-    container logs go. File reads happen in a worker thread so a tick never
+    container logs go, ``volumes`` the latest pod volume figures (``volume_stats``).
+    File reads happen in a worker thread so a tick never
     stalls the servers or the reconciler (``offload=False`` reads inline).
     """
 
@@ -478,8 +480,10 @@ class Sampler:
         cri_stats: bool = True,
         offload: bool = True,
         call_timeout: float = 10.0,
+        volumes: Callable[[], Mapping[str, tuple[VolumeUsage, ...]]] | None = None,
     ) -> None:
         self._roots = CgroupRoots.under(cgroup_root)
+        self._volumes = volumes
         self._proc = os.fsencode(proc_root)
         self._proc_root = proc_root
         self._root_fs = root_fs
@@ -554,7 +558,7 @@ class Sampler:
         sample = build_sample(
             timestamp=wall, monotonic=now, machine=self._machine, node=node,
             containers=readings, previous=self._latest, oom_events=self._oom_counts,
-            errors=errors,
+            errors=errors, volumes=self._volumes() if self._volumes is not None else {},
         )
         self._latest = sample
         return sample
