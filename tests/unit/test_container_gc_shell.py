@@ -19,11 +19,13 @@ from tests.unit import test_resources_cgroups
 from tests.unit.test_resources_cgroups import FakeCgroupfs
 from tests.unit.test_resources_cgroups import make_pod as cgroup_pod
 from tests.unit.test_sync_loop import (
+    ListRecorder,
     agent,
     containers,
     fake_runtime,
     make_pod,
     pod_set,
+    replay_through_file,
     sandboxes,
     wait_until,
 )
@@ -331,16 +333,9 @@ async def test_a_pass_that_removes_something_is_recorded_and_replays(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     """The record goes through a recording file; replay re-plans the same removals."""
-    from trio_kubelet.replay.reader import read_recording
-    from trio_kubelet.replay.records import ContainerGCRecord, Header
-    from trio_kubelet.replay.replayer import replay
+    from trio_kubelet.replay.records import ContainerGCRecord
 
-    written: list[Any] = []
-
-    class ListRecorder:
-        def add(self, make: Any) -> None:
-            written.append(make())
-
+    recorder = ListRecorder()
     async with node(tmp_path) as n:
         n.existing = {WEB}
         ids = await n.instances(WEB, "web", await n.sandbox(WEB, "web"), 4)
@@ -349,26 +344,23 @@ async def test_a_pass_that_removes_something_is_recorded_and_replays(
         await n.client.stop_pod_sandbox(gone[0])
         gc = ContainerGC(n.client, DEFAULT, existing_pods=lambda: n.existing,
                          sources_ready=lambda: n.ready, pod_logs_dir=n.logs,
-                         clock=n.wall.now, recorder=ListRecorder())  # type: ignore[arg-type]
+                         clock=n.wall.now, recorder=recorder)  # type: ignore[arg-type]
         await gc.collect()
         await gc.collect()  # nothing left to remove: nothing recorded
 
-    (record,) = written
+    (record,) = recorder.records
     assert isinstance(record, ContainerGCRecord)
     assert sorted(record.removed_containers) == sorted([*ids[:3], gone_container])
     assert record.removed_sandboxes == [gone[0]]
     assert record.existing_pods == [WEB] and record.removed_log_dirs == [
         f"default_gone_{GONE}"]
-    header = Header(agent_version="test", node="n", start_time=0.0, config={})
-    path = tmp_path / "recording.jsonl"
-    path.write_text("".join(r.model_dump_json() + "\n" for r in (header, record)))
-    result = replay(read_recording(path).records)
+    result = replay_through_file([record], tmp_path)
     assert result.ok and result.gc_passes == 1
     assert result.trace[-1].summary == (
         "container GC: remove 4 containers, 1 sandboxes, 1 pod log directories")
 
     kept_more = record.model_copy(update={"policy": (0.0, 2, -1)})  # keep two per container
-    diverged = replay([header, kept_more])
+    diverged = replay_through_file([kept_more], tmp_path)
     assert diverged.divergence is not None
     assert diverged.divergence.reason == (
         "the replayed container GC plan differs from the recorded one")

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
-from trio_kubelet.config import KubeletConfiguration
+from tests.unit.test_sync_loop import ListRecorder, replay_through_file
 from trio_kubelet.core.image_gc import ImageFs, ImageGCPolicy
 from trio_kubelet.images.gc import ImageGC, ImageGCError
 from trio_kubelet.kube_events import EventRecorder, ObjectRef
 from trio_kubelet.metrics import AgentMetrics
-from trio_kubelet.replay.reader import read_recording
-from trio_kubelet.replay.records import Header, ImageGCRecord
-from trio_kubelet.replay.replayer import ReplayResult, replay
+from trio_kubelet.replay.records import ImageGCRecord
 from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.client import CRIClient, open_cri_client
 from trio_kubelet.runtime.cri.runtime import v1
@@ -242,25 +239,6 @@ async def test_high_threshold_100_without_max_age_runs_no_periodic_pass(env: Env
     assert env.fake.calls["ListImages"] == 0
 
 
-class ListRecorder:
-    """Keeps what a recorder would write."""
-
-    def __init__(self) -> None:
-        self.records: list[Any] = []
-
-    def add(self, make: Callable[[], Any]) -> None:
-        self.records.append(make())
-
-
-def replay_image_gc(records: list[Any], config: dict[str, Any], tmp_path: Path) -> ReplayResult:
-    """Replay ``records`` after a header with ``config``, through a recording file."""
-    header = Header(agent_version="test", node=NODE, start_time=0.0,
-                    config=KubeletConfiguration.model_validate(config).to_wire())
-    path = tmp_path / "recording.jsonl"
-    path.write_text("".join(r.model_dump_json() + "\n" for r in (header, *records)))
-    return replay(read_recording(path).records)
-
-
 async def test_choices_are_recorded_and_replay_to_the_same_images(
     env: Env, tmp_path: Path
 ) -> None:
@@ -284,17 +262,17 @@ async def test_choices_are_recorded_and_replay_to_the_same_images(
     assert [tags[i] for i in reclaim.removals] == ["c:1"] and reclaim.image_fs is None
     config = {"imageGCHighThresholdPercent": 60, "imageGCLowThresholdPercent": 50,
               "imageMinimumGCAge": "0s"}
-    result = replay_image_gc([space, reclaim], config, tmp_path)
+    result = replay_through_file([space, reclaim], tmp_path, config)
     assert result.ok and result.gc_passes == 2
 
     # Had "a" been in use, the pass would have had to choose differently.
     tampered = space.model_copy(update={"in_use": sorted([*space.in_use, space.removals[0]])})
-    diverged = replay_image_gc([tampered], config, tmp_path)
+    diverged = replay_through_file([tampered], tmp_path, config)
     assert diverged.divergence is not None
     assert diverged.divergence.reason == (
         "the replayed image GC choice differs from the recorded one")
     # A configuration with a lower high threshold is not the one the pass ran under.
-    other = replay_image_gc([space], {**config, "imageGCLowThresholdPercent": 20}, tmp_path)
+    other = replay_through_file([space], tmp_path, {**config, "imageGCLowThresholdPercent": 20})
     assert other.divergence is not None
 
 
@@ -313,5 +291,5 @@ async def test_an_age_removal_is_recorded_and_replays(env: Env, tmp_path: Path) 
     (record,) = recorder.records
     assert record.expired == record.removed_by_age == [image_a]  # not pause
     config = {"imageMinimumGCAge": "0s", "imageMaximumGCAge": "1s"}
-    assert replay_image_gc([record], config, tmp_path).ok
-    assert not replay_image_gc([record], {**config, "imageMaximumGCAge": "1h"}, tmp_path).ok
+    assert replay_through_file([record], tmp_path, config).ok
+    assert not replay_through_file([record], tmp_path, {**config, "imageMaximumGCAge": "1h"}).ok

@@ -19,6 +19,7 @@ import trio
 import trio.testing
 
 from trio_kubelet.clock import TrioWallClock
+from trio_kubelet.config import KubeletConfiguration
 from trio_kubelet.core.actions import PodActions
 from trio_kubelet.core.observed import RuntimePodStatus
 from trio_kubelet.events import (
@@ -34,6 +35,9 @@ from trio_kubelet.reconcile import workers
 from trio_kubelet.reconcile.container_setup import NodeFacts
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import SYNC_ERROR_RETRY, WorkerContext
+from trio_kubelet.replay.reader import read_recording
+from trio_kubelet.replay.records import Header
+from trio_kubelet.replay.replayer import ReplayResult, replay
 from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.client import CRIClient, open_cri_client
 from trio_kubelet.runtime.cri.runtime import v1
@@ -74,6 +78,27 @@ class Agent:
                     return pod
                 await self.store.wait_changed()
         raise AssertionError(f"pod {uid} did not reach the expected state: {self.store.get(uid)}")
+
+
+class ListRecorder:
+    """Stands in for the agent's recorder: keeps each record, built at once, in a list."""
+
+    def __init__(self) -> None:
+        self.records: list[Any] = []
+
+    def add(self, make: Callable[[], Any]) -> None:
+        self.records.append(make())
+
+
+def replay_through_file(
+    records: list[Any], tmp_path: Path, config: dict[str, Any] | None = None
+) -> ReplayResult:
+    """Replay ``records`` after a header with ``config``, written to and read from a file."""
+    header = Header(agent_version="test", node="n", start_time=0.0,
+                    config=KubeletConfiguration.model_validate(config or {}).to_wire())
+    path = tmp_path / "recording.jsonl"
+    path.write_text("".join(r.model_dump_json() + "\n" for r in (header, *records)))
+    return replay(read_recording(path).records)
 
 
 @asynccontextmanager
@@ -247,15 +272,7 @@ async def test_a_new_pod_is_refused_under_the_pressure_the_eviction_manager_repo
 async def test_an_admission_under_pressure_replays_from_its_record(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    from trio_kubelet.replay.records import AdmissionRecord, Header
-    from trio_kubelet.replay.replayer import replay
-
-    class ListRecorder:
-        def __init__(self) -> None:
-            self.records: list[Any] = []
-
-        def add(self, make: Callable[[], Any]) -> None:
-            self.records.append(make())
+    from trio_kubelet.replay.records import AdmissionRecord
 
     recorder = ListRecorder()
     async with fake_runtime(tmp_path) as runtime, \
@@ -279,17 +296,8 @@ async def test_an_eviction_replays_from_its_record(
 ) -> None:
     """The manager's choice over the loop's real pods is recorded; replay re-chooses it."""
     from tests.unit.test_eviction import MiB, make_sample, pod_sample
-    from trio_kubelet.config import KubeletConfiguration
-    from trio_kubelet.replay.records import EvictionRecord, Header
-    from trio_kubelet.replay.replayer import replay
+    from trio_kubelet.replay.records import EvictionRecord
     from trio_kubelet.resources.eviction import EvictionConfig, EvictionManager
-
-    class ListRecorder:
-        def __init__(self) -> None:
-            self.records: list[Any] = []
-
-        def add(self, make: Callable[[], Any]) -> None:
-            self.records.append(make())
 
     config = KubeletConfiguration.model_validate({"evictionHard": {"memory.available": "500Mi"}})
     recorder = ListRecorder()
