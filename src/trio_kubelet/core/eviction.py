@@ -82,6 +82,8 @@ CONDITION_OF: Mapping[str, str] = MappingProxyType({
     else DISK_PRESSURE
     for signal, resource in RESOURCE_OF.items()
 })
+# The signals about disk: the ones node-level reclaim (image and container GC) can relieve.
+DISK_SIGNALS = frozenset(s for s, condition in CONDITION_OF.items() if condition == DISK_PRESSURE)
 
 # The pod status reason and event reason of an eviction (and of an admission refusal
 # under pressure), and the condition an evicted pod gets.

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import trio
 
 from trio_kubelet.config import KubeletConfiguration
+from trio_kubelet.core.eviction import DISK_SIGNALS
 from trio_kubelet.core.image_gc import (
     NEVER,
     ImageFs,
@@ -55,11 +56,6 @@ log = logging.getLogger("trio_kubelet.images.gc")
 IMAGE_GC_PERIOD = 300.0  # kubelet.go ImageGCPeriod
 # Removals in flight at once (the Go kubelet removes one at a time): the round trips overlap.
 REMOVAL_CONCURRENCY = 8
-# Eviction signals a pass of image GC can relieve.
-DISK_SIGNALS = frozenset(
-    {"imagefs.available", "imagefs.inodesFree", "nodefs.available", "nodefs.inodesFree",
-     "containerfs.available", "containerfs.inodesFree"}
-)
 
 ImageFsReader = Callable[[], Awaitable[ImageFs | None]]
 

@@ -27,6 +27,7 @@ from trio_kubelet.core.container_gc import (
     log_dir_pod_uid,
     plan_container_gc,
 )
+from trio_kubelet.core.eviction import DISK_SIGNALS
 from trio_kubelet.core.observed import ContainerState, SandboxState
 from trio_kubelet.replay.recorder import Recorder
 from trio_kubelet.replay.records import ContainerGCRecord
@@ -43,7 +44,7 @@ from trio_kubelet.runtime.labels import (
     RESTART_COUNT,
 )
 
-__all__ = ["CONTAINER_GC_PERIOD", "DISK_SIGNALS", "ContainerGC", "GCResult"]
+__all__ = ["CONTAINER_GC_PERIOD", "ContainerGC", "GCResult"]
 
 log = logging.getLogger("trio_kubelet.container_gc")
 
@@ -55,12 +56,6 @@ REMOVAL_CONCURRENCY = 8
 UNKNOWN_STOP_GRACE = 2
 _SOURCES_POLL = 1.0
 _T = TypeVar("_T")
-# The eviction signals that container GC can relieve (the ones about disk).
-DISK_SIGNALS = frozenset(
-    f"{fs}.{what}"
-    for fs in ("nodefs", "imagefs", "containerfs")
-    for what in ("available", "inodesFree")
-)
 
 _CONTAINER_STATES: dict[int, ContainerState] = {
     upb.CONTAINER_CREATED: ContainerState.CREATED,
