@@ -32,7 +32,7 @@ from tests.unit.test_sync_loop import (
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.core.container_gc import GCPolicy
 from trio_kubelet.model.pod import Pod
-from trio_kubelet.reconcile.container_gc import ContainerGC
+from trio_kubelet.reconcile.container_gc import UNKNOWN_STOP_GRACE, ContainerGC
 from trio_kubelet.resources.cgroups import QOSCgroups
 from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.client import CRIClient
@@ -128,6 +128,22 @@ async def test_a_pass_keeps_the_newest_dead_instance_and_the_running_one(
         assert (await n.gc().collect()).containers == 0
 
 
+async def test_a_container_in_an_unknown_state_is_stopped_before_it_is_removed(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with node(tmp_path) as n:
+        n.existing = {WEB}
+        ids = await n.instances(WEB, "web", await n.sandbox(WEB, "web"), 4, last_running=True)
+        n.fake.lose_track(ids[0])  # the runtime refuses to remove it unless stopped
+
+        result = await n.gc().collect()
+
+        assert (result.containers, result.failed) == (2, 0)
+        assert n.ids(WEB) == ids[2:]
+        assert ("StopContainer", ids[0], UNKNOWN_STOP_GRACE) in n.fake.container_calls
+        assert ("StopContainer", ids[1], UNKNOWN_STOP_GRACE) not in n.fake.container_calls
+
+
 async def test_a_gone_pod_loses_its_containers_sandboxes_and_log_directory(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
@@ -203,9 +219,12 @@ class FailingRemoval:
         if id in self.failing:
             raise CRIError(method, StatusCode.UNKNOWN, "device or resource busy")
 
-    async def remove_container(self, id: str) -> None:
-        self._check("RemoveContainer", id)
-        await self._client.remove_container(id)
+    async def remove_containers(self, ids: list[str], *,
+                                concurrency: int) -> list[CRIError | None]:
+        answers = iter(await self._client.remove_containers(
+            [id for id in ids if id not in self.failing], concurrency=concurrency))
+        return [CRIError("RemoveContainer", StatusCode.UNKNOWN, "device or resource busy")
+                if id in self.failing else next(answers) for id in ids]
 
     async def remove_pod_sandbox(self, id: str) -> None:
         self._check("RemovePodSandbox", id)

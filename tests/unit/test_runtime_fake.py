@@ -280,6 +280,54 @@ async def test_remove_running_container_fails_like_containerd(env: Env) -> None:
         await env.client.container_status(container_id)
 
 
+async def test_a_burst_of_removals_answers_for_each_container_in_order(tmp_path: Path) -> None:
+    seen: list[tuple[str, Any, Any, float]] = []
+    sock = tmp_path / "cri.sock"
+    async with serve_fake_runtime(sock) as fake, \
+            open_cri_client(str(sock), observer=lambda *call: seen.append(call)) as client:
+        fake.add_image("busybox")
+        _, [one, running, two] = await start_pod(client, pod_config(), "one", "running", "two")
+        for stopped in (one, two):
+            await client.stop_container(stopped, timeout=0)
+        seen.clear()
+
+        errors = await client.remove_containers([one, running, "gone", two], concurrency=2)
+
+        assert [type(e) for e in errors] == [type(None), CRIUnknown, type(None), type(None)]
+        assert "still running" in str(errors[1])
+        assert [c.id for c in await client.list_containers()] == [running]
+        burst = seen[:4]
+        assert sorted(request.container_id for _, request, _, _ in burst) == sorted(
+            [one, running, "gone", two])
+        assert {method for method, *_ in burst} == {"RemoveContainer"}
+        assert [type(answer) for _, request, answer, _ in burst
+                if request.container_id == running] == [CRIUnknown]
+        assert all(took >= 0 for *_, took in burst)
+        assert await client.remove_containers([], concurrency=2) == []
+
+
+async def test_a_burst_against_a_missing_runtime_fails_each_call(tmp_path: Path) -> None:
+    async with open_cri_client(f"unix://{tmp_path}/none.sock", timeout=1) as client:
+        errors = await client.remove_containers(["a", "b"], concurrency=8)
+    assert [type(e) for e in errors] == [CRIUnavailable, CRIUnavailable]
+    assert "none.sock" in str(errors[0])
+
+
+async def test_cancelling_a_burst_stops_it_and_the_client_goes_on(env: Env) -> None:
+    _, ids = await start_pod(env.client, pod_config(), "one", "two")
+    for container_id in ids:
+        await env.client.stop_container(container_id, timeout=0)
+    env.fake.set_delay("RemoveContainer", 10.0)
+    start = trio.current_time()
+    with trio.move_on_after(0.2) as scope:
+        await env.client.remove_containers(ids, concurrency=2)
+    assert scope.cancelled_caught
+    assert trio.current_time() - start < 2
+    env.fake.set_delay("RemoveContainer", 0)
+    assert await env.client.remove_containers(ids, concurrency=2) == [None, None]
+    assert await env.client.list_containers() == []
+
+
 async def test_list_filters(env: Env) -> None:
     web, [app, _] = await start_pod(env.client, pod_config(), "app", "sidecar")
     db, [db_main] = await start_pod(env.client, pod_config("db", "uid-db"), "main")

@@ -151,7 +151,7 @@ class ContainerGC:
                 return GCResult()
             result = GCResult(dead=plan.dead)
             with_sandbox, alone = _by_sandbox(plan)
-            await _each(alone, lambda c: self._remove_container(c, result))
+            await self._remove_containers(alone, result)
             await _each(plan.sandboxes, lambda s: self._remove_sandbox(s, with_sandbox, result))
             self._remove_log_dirs(plan.log_dirs, result)
             await self._sweep_pod_cgroups(in_runtime, result)
@@ -234,22 +234,38 @@ class ContainerGC:
             )
         )
 
-    async def _remove_container(self, container: GCContainer, result: GCResult) -> None:
-        """RemoveContainer (a container in an unknown state is stopped first: it may run)."""
-        client = self._client
+    async def _remove_containers(self, containers: list[GCContainer], result: GCResult) -> None:
+        """RemoveContainer each; one in an unknown state is stopped first (it may run)."""
+        unknown = [c for c in containers if c.state is ContainerState.UNKNOWN]
+        exited = [c for c in containers if c.state is not ContainerState.UNKNOWN]
         try:
-            if container.state is ContainerState.UNKNOWN:
-                await client.stop_container(container.id, UNKNOWN_STOP_GRACE)
-            await client.remove_container(container.id)
-        except CRINotFound:
-            pass  # already gone (the pod's worker removed it meanwhile)
+            errors = await self._client.remove_containers(
+                [c.id for c in exited], concurrency=REMOVAL_CONCURRENCY)
+        except CRIError as err:  # the client is closed: nothing was tried
+            errors = [err] * len(exited)
+        for container, error in zip(exited, errors, strict=True):
+            self._after_removal(container, error, result)
+        await _each(unknown, lambda c: self._stop_and_remove(c, result))
+
+    async def _stop_and_remove(self, container: GCContainer, result: GCResult) -> None:
+        error: CRIError | None = None
+        try:
+            await self._client.stop_container(container.id, UNKNOWN_STOP_GRACE)
+            await self._client.remove_container(container.id)
         except CRIError as err:
+            error = err
+        self._after_removal(container, error, result)
+
+    def _after_removal(self, container: GCContainer, error: CRIError | None,
+                       result: GCResult) -> None:
+        """Count a removal and remove the log file; a failure is logged and blocks the pod."""
+        if error is not None and not isinstance(error, CRINotFound):  # NotFound: already gone
             log.warning(
                 "Container GC: removing container %s (%s of pod %s) failed: %s",
                 container.id[:13],
                 container.name,
                 container.pod_uid,
-                err,
+                error,
             )
             result.failed += 1
             result.blocked_sandboxes.add(container.sandbox_id)

@@ -4,6 +4,11 @@ This is the only module of the agent that knows about grpclib and trio-asyncio.
 Callers get betterproto2 messages (or plain values) back and `CRIError`
 subclasses on failure; deadlines, reconnects and recording hooks live here.
 
+Bursts of one call (container GC's thousands of RemoveContainer) run instead on a
+private asyncio loop in a worker thread (`remove_containers`): through trio-asyncio
+each asyncio callback is a step of the trio scheduler, which makes a burst of 1,800
+calls ~40 % dearer in CPU (bench/bench_container_gc.py, docs/runtime.md).
+
 The PLEG relist's two list calls have a second form, ``*_brief``, that decodes
 the reply into upb-backed protobuf messages (``cri_upb``) instead: same RPC,
 same channel and codec, ~200x cheaper to decode (docs/runtime.md).
@@ -11,14 +16,18 @@ same channel and codec, ~200x cheaper to decode (docs/runtime.md).
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import math
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
-from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from contextlib import asynccontextmanager, suppress
+from typing import Any, NoReturn, TypeVar
 
 import grpclib
 import grpclib.client
 import grpclib.exceptions
+import outcome
 import trio
 import trio_asyncio
 from grpclib.health.v1.health_grpc import HealthStub
@@ -26,7 +35,7 @@ from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
 from .cri.runtime import v1
 from .cri_upb.runtime.v1 import api_pb2 as upb
-from .errors import CRIDeadlineExceeded, CRIUnavailable, StatusCode, error_for
+from .errors import CRIDeadlineExceeded, CRIError, CRIUnavailable, StatusCode, error_for
 
 __all__ = [
     "CRIClient",
@@ -47,6 +56,8 @@ DEFAULT_TIMEOUT = 120.0  # the Go kubelet's runtimeRequestTimeout default
 # Failures that mean the connection itself is gone, so the channel must be rebuilt.
 _CONNECTION_ERRORS = (OSError, EOFError, grpclib.exceptions.StreamTerminatedError,
                       grpclib.exceptions.ProtocolError)
+# Every failure a call turns into a CRIError (TimeoutError: the call's deadline passed).
+_CALL_ERRORS = (grpclib.GRPCError, TimeoutError, *_CONNECTION_ERRORS)
 
 
 def socket_path(endpoint: str) -> str:
@@ -142,30 +153,70 @@ class CRIClient:
             stubs = await self._connect()
             channel = stubs.channel
             response: T = await self._loop.run_aio_coroutine(send(stubs, deadline))
-        except grpclib.GRPCError as exc:
-            error = error_for(method, exc.status.value, exc.message or "")
+        except _CALL_ERRORS as exc:
+            error = self._error(method, exc, deadline)
             if isinstance(error, CRIUnavailable) and channel is not None:
                 self._drop_channel(channel)
-            self._observe(method, request, error, start)
+            self._observe(method, request, error, trio.current_time() - start)
             raise error from exc
-        except TimeoutError as exc:
-            error = CRIDeadlineExceeded(method, StatusCode.DEADLINE_EXCEEDED,
-                                        f"no answer within {deadline}s")
-            self._observe(method, request, error, start)
-            raise error from exc
-        except _CONNECTION_ERRORS as exc:
-            if channel is not None:
-                self._drop_channel(channel)
-            error = CRIUnavailable(method, StatusCode.UNAVAILABLE,
-                                   f"{self.path}: {type(exc).__name__}: {exc}".rstrip(": "))
-            self._observe(method, request, error, start)
-            raise error from exc
-        self._observe(method, request, response, start)
+        self._observe(method, request, response, trio.current_time() - start)
         return response
 
-    def _observe(self, method: str, request: Any, outcome: Any, start: float) -> None:
+    async def _burst(self, method: str, requests: Sequence[Any],
+                     send: Callable[[v1.RuntimeServiceStub, Any, float], Coroutine[Any, Any, Any]],
+                     concurrency: int) -> list[CRIError | None]:
+        """``send`` every request, ``concurrency`` at a time, on a private loop and connection.
+
+        Returns each call's error (or None), in order; every call is observed as one
+        made through `_call` would be. The connection is the burst's own: a failure on
+        it leaves the client's channel alone.
+        """
+        if self._closed:
+            raise CRIUnavailable(method, StatusCode.UNAVAILABLE, "the CRI client is closed")
+        if not requests:
+            return []
+        path, deadline = self.path, self.timeout
+
+        async def calls() -> list[tuple[Any, float]]:
+            channel = grpclib.client.Channel(path=path)
+            stub = v1.RuntimeServiceStub(channel)
+            limit = asyncio.Semaphore(concurrency)
+
+            async def one(request: Any) -> tuple[Any, float]:
+                async with limit:
+                    start = time.monotonic()
+                    try:
+                        answer = await send(stub, request, deadline)
+                    except _CALL_ERRORS as exc:
+                        answer = exc
+                    return answer, time.monotonic() - start
+
+            try:
+                return await asyncio.gather(*(one(request) for request in requests))
+            finally:
+                channel.close()
+
+        errors: list[CRIError | None] = []
+        for request, (answer, took) in zip(requests, await _on_private_loop(calls), strict=True):
+            error = self._error(method, answer, deadline) if isinstance(
+                answer, BaseException) else None
+            self._observe(method, request, error or answer, took)
+            errors.append(error)
+        return errors
+
+    def _error(self, method: str, exc: BaseException, deadline: float | None) -> CRIError:
+        """The CRIError for a call's failure (``exc`` is one of ``_CALL_ERRORS``)."""
+        if isinstance(exc, grpclib.GRPCError):
+            return error_for(method, exc.status.value, exc.message or "")
+        if isinstance(exc, TimeoutError):
+            return CRIDeadlineExceeded(method, StatusCode.DEADLINE_EXCEEDED,
+                                       f"no answer within {deadline}s")
+        return CRIUnavailable(method, StatusCode.UNAVAILABLE,
+                              f"{self.path}: {type(exc).__name__}: {exc}".rstrip(": "))
+
+    def _observe(self, method: str, request: Any, answer: Any, duration: float) -> None:
         if self.observer is not None:
-            self.observer(method, request, outcome, trio.current_time() - start)
+            self.observer(method, request, answer, duration)
 
     def _deadline(self, call_timeout: float | None, extra: float = 0.0) -> float:
         return (self.timeout + extra) if call_timeout is None else call_timeout
@@ -291,6 +342,17 @@ class CRIClient:
         await self._call("RemoveContainer", request,
                          lambda s, t: s.runtime.remove_container(request, timeout=t),
                          self._deadline(call_timeout))
+
+    async def remove_containers(self, ids: Sequence[str], *,
+                                concurrency: int) -> list[CRIError | None]:
+        """RemoveContainer for each of ``ids``, ``concurrency`` at a time: each one's error or None.
+
+        For container GC's bursts; the calls run on a private loop (see the module's doc).
+        """
+        requests = [v1.RemoveContainerRequest(container_id=id) for id in ids]
+        return await self._burst(
+            "RemoveContainer", requests,
+            lambda stub, request, t: stub.remove_container(request, timeout=t), concurrency)
 
     async def list_containers(self, filter: v1.ContainerFilter | None = None, *,
                               call_timeout: float | None = None) -> list[v1.Container]:
@@ -458,6 +520,39 @@ class CRIClient:
         return await self._call("ImageFsInfo", request,
                                 lambda s, t: s.images.image_fs_info(request, timeout=t),
                                 self._deadline(call_timeout))
+
+
+async def _on_private_loop(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run ``make()`` on a new plain asyncio loop in a worker thread; its result.
+
+    Cancelling the caller cancels the asyncio task and waits for it to unwind, so
+    nothing of it outlives the call.
+    """
+    loop = asyncio.SelectorEventLoop()  # not the policy's: that would be trio-asyncio's
+    task = loop.create_task(make(), context=contextvars.Context())
+    waiter = trio.lowlevel.current_task()
+    token = trio.lowlevel.current_trio_token()
+    raise_cancel: list[Callable[[], NoReturn]] = []  # set when trio cancels the caller
+
+    def run() -> None:  # in the worker thread
+        try:
+            loop.run_until_complete(asyncio.wait([task]))
+        finally:
+            loop.close()
+
+    def wake() -> None:  # back in trio
+        done = outcome.capture(raise_cancel[0]) if raise_cancel else outcome.capture(task.result)
+        trio.lowlevel.reschedule(waiter, done)
+
+    def abort(cancel: Callable[[], NoReturn]) -> trio.lowlevel.Abort:
+        raise_cancel.append(cancel)
+        with suppress(RuntimeError):  # closed: the burst is over and wake() is on its way
+            loop.call_soon_threadsafe(task.cancel)
+        return trio.lowlevel.Abort.FAILED
+
+    trio.lowlevel.start_thread_soon(run, lambda _: token.run_sync_soon(wake))
+    result: T = await trio.lowlevel.wait_task_rescheduled(abort)
+    return result
 
 
 class HealthCheckError(Exception):

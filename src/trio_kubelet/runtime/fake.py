@@ -48,6 +48,7 @@ R = TypeVar("R")
 RUNNING = v1.ContainerState.CONTAINER_RUNNING
 CREATED = v1.ContainerState.CONTAINER_CREATED
 EXITED = v1.ContainerState.CONTAINER_EXITED
+UNKNOWN = v1.ContainerState.CONTAINER_UNKNOWN
 READY = v1.PodSandboxState.SANDBOX_READY
 NOTREADY = v1.PodSandboxState.SANDBOX_NOTREADY
 
@@ -287,6 +288,15 @@ class FakeRuntime:
         if container.state == RUNNING:
             self._exit(container, exit_code, "Completed" if exit_code == 0 else "Error",
                        _ns(self.clock()))
+
+    def lose_track(self, container_id: str) -> None:
+        """The runtime can no longer tell the container's state: CONTAINER_UNKNOWN.
+
+        Stopping it makes it exited (a real runtime kills whatever may still run).
+        """
+        container = self._container("lose_track", container_id)
+        container.state = UNKNOWN
+        container.changed()
 
     def oom_kill(self, container_id: str) -> None:
         """The kernel OOM-kills the container's process now."""
@@ -593,6 +603,8 @@ class FakeRuntime:
     def stop_container(self, request: v1.StopContainerRequest) -> v1.StopContainerResponse:
         container = self._container("StopContainer", request.container_id)
         self._settle(container)
+        if container.state == UNKNOWN:
+            self._exit(container, KILLED_EXIT_CODE, "Error", _ns(self.clock()))
         if container.state != RUNNING:
             return v1.StopContainerResponse()  # containerd: created/exited need no stopping
         script = self._script(container)
@@ -611,7 +623,7 @@ class FakeRuntime:
         if container is None:
             return v1.RemoveContainerResponse()  # containerd: nothing to do
         self._settle(container)
-        if container.state == RUNNING:
+        if container.state in (RUNNING, UNKNOWN):
             _fail("RemoveContainer", StatusCode.UNKNOWN,
                   f"failed to set removing state for container {container.id!r}: container is "
                   "still running, to stop first")
