@@ -99,7 +99,7 @@ GO_ONLY_FIELDS = _words(
     kernelMemcgNotification logging enableSystemLogHandler enableSystemLogQuery
     shutdownGracePeriod shutdownGracePeriodCriticalPods shutdownGracePeriodByPodPriority
     reservedMemory enableProfilingHandler enableDebugFlagsHandler seccompDefault
-    memoryThrottlingFactor tracing localStorageCapacityIsolation
+    memoryThrottlingFactor tracing
     failCgroupV1 userNamespaces podHousekeepingPeriod"""
 )
 
@@ -429,6 +429,8 @@ class KubeletConfiguration(_ConfigModel):
     eviction_max_pod_grace_period: int = 0
     eviction_minimum_reclaim: dict[str, str] = Field(default_factory=dict)
     merge_default_eviction_settings: bool = False
+    # Evict pods past their own local storage limits (emptyDir sizeLimit, ephemeral-storage).
+    local_storage_capacity_isolation: bool = True
 
     # Cgroups and node allocatable.
     cgroups_per_qos: bool = Field(default=True, alias="cgroupsPerQOS")

@@ -24,6 +24,7 @@ from trio_kubelet import agent as agent_module
 from trio_kubelet.events import PodSetUpdate
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.node.machine import read_machine_facts
+from trio_kubelet.sources import volume_stats
 from trio_kubelet.sources.sampler import CgroupRoots, read_cgroup, read_machine_info
 
 pytestmark = pytest.mark.integration
@@ -200,3 +201,64 @@ async def test_kubepods_is_held_to_allocatable_without_the_eviction_margin(
         # Not enforced: kubepods gets the whole machine.
         assert int(read("memory", *kubepods, "memory.limit_in_bytes")) == machine.memory_bytes
         assert int(read("cpu", *kubepods, "cpu.shares")) == machine.num_cores * 1024
+
+
+def storage_pod(name: str, command: str, *, size_limit: str | None = None,
+                storage_limit: str | None = None) -> Pod:
+    """A pod running ``command`` with an emptyDir at /scratch (``size_limit``) and an
+    ephemeral-storage limit on its container (``storage_limit``)."""
+    container: dict[str, object] = {
+        "name": name, "image": "busybox:1.36", "command": ["sh", "-c", command],
+        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+    }
+    if storage_limit is not None:
+        container["resources"] = {"limits": {"ephemeral-storage": storage_limit}}
+    scratch = {} if size_limit is None else {"sizeLimit": size_limit}
+    return Pod.model_validate({
+        "metadata": {
+            "name": name, "namespace": "default", "uid": str(uuid.uuid4()),
+            "annotations": {"kubernetes.io/config.source": "api"},
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"terminationGracePeriodSeconds": 2, "containers": [container],
+                 "volumes": [{"name": "scratch", "emptyDir": scratch}]},
+    })
+
+
+async def test_pods_past_their_own_local_storage_limits_are_evicted_and_others_kept(
+    containerd, tmp_path: Path, cgroup_root: str,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(volume_stats, "VOLUME_STATS_PERIOD", 1.0)
+    write = "dd if=/dev/zero of={} bs=1M count={} 2>/dev/null; sleep 3600"
+    # 3 MiB into an emptyDir of 1Mi; 3 MiB into the writable layer past a 2Mi limit; and
+    # 3 MiB into an emptyDir of 64Mi under a 256Mi limit, which is within both.
+    scratch = storage_pod("scratch", write.format("/scratch/fill", 3), size_limit="1Mi")
+    layer = storage_pod("layer", write.format("/fill", 3), storage_limit="2Mi")
+    calm = storage_pod("calm", write.format("/scratch/fill", 3), size_limit="64Mi",
+                       storage_limit="256Mi")
+    async with running_agent(containerd.endpoint, tmp_path, "--cgroup-root", cgroup_root,
+                             "--eviction-hard", "memory.available<1Mi") as agent:
+        agent.loop.handle(PodSetUpdate(source="api", pods=[scratch, layer, calm]))
+
+        gone = await wait_for(agent, scratch, evicted, timeout=90)
+        assert gone.status.message == (
+            'Usage of EmptyDir volume "scratch" exceeds the limit "1Mi". ')
+        gone = await wait_for(agent, layer, evicted, timeout=90)
+        # The pod's limit is its one container's, so the pod-wide check speaks first (as Go's).
+        assert gone.status.message == (
+            "Pod ephemeral local storage usage exceeds the total limit of containers 2Mi. ")
+        for pod, name in ((scratch, "scratch"), (layer, "layer")):
+            stopped = await wait_for(agent, pod, lambda p, n=name: not running(p, n), timeout=30)
+            assert stopped.status.phase == "Failed"
+
+        await trio.sleep(3 * INTERVAL)
+        still = agent.store.get(calm.metadata.uid)
+        assert still is not None and running(still, "calm") and not evicted(still)
+        assert agent.loop.node_conditions() == ()
+
+        agent.loop.handle(PodSetUpdate(source="api", pods=[]))
+        for pod in (scratch, layer, calm):
+            with trio.fail_after(60):
+                while agent.store.get(pod.metadata.uid) is not None:
+                    await agent.store.wait_changed()

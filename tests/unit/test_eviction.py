@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from itertools import pairwise
@@ -13,7 +14,9 @@ from hypothesis import strategies as st
 
 from trio_kubelet.core.eviction import (
     ALLOCATABLE_MEMORY_AVAILABLE,
+    CONTAINER_EPHEMERAL_LIMIT,
     DISK_PRESSURE,
+    EMPTYDIR_LIMIT,
     HARD_EVICTION_GRACE_SECONDS,
     IMAGEFS_AVAILABLE,
     MEMORY_AVAILABLE,
@@ -22,6 +25,7 @@ from trio_kubelet.core.eviction import (
     NODEFS_INODES_FREE,
     PID_AVAILABLE,
     PID_PRESSURE,
+    POD_EPHEMERAL_LIMIT,
     RESOURCE_OF,
     EvictionState,
     Observation,
@@ -40,6 +44,7 @@ from trio_kubelet.core.eviction import (
     parse_thresholds,
     pod_usage,
     rank_pods,
+    storage_overruns,
     threshold_met,
     thresholds_met,
 )
@@ -55,6 +60,7 @@ from trio_kubelet.core.stats import (
     NodeSample,
     PodSample,
     Sample,
+    VolumeUsage,
 )
 from trio_kubelet.model.pod import Pod, PodCondition, PodStatus
 
@@ -474,6 +480,92 @@ _pods = st.lists(
               st.one_of(st.none(), st.integers(0, 2 * GiB))),
     max_size=8,
 )
+
+
+# -- local storage limits -----------------------------------------------------------------------
+
+
+def storage_pod(name: str, *, size_limit: str | None = None,
+                limits: Mapping[str, str] | None = None,
+                annotations: Mapping[str, str] | None = None) -> Pod:
+    """A pod with an emptyDir "scratch" and containers ``limits`` names, each limited so."""
+    scratch: dict[str, Any] = {} if size_limit is None else {"sizeLimit": size_limit}
+    return Pod.model_validate({
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}",
+                     "annotations": dict(annotations or {})},
+        "spec": {
+            "volumes": [{"name": "scratch", "emptyDir": scratch}],
+            "containers": [
+                {"name": c, "image": "busybox",
+                 "resources": {"limits": {"ephemeral-storage": limit}}}
+                for c, limit in (limits or {}).items()
+            ] or [{"name": "main", "image": "busybox"}],
+        },
+    })
+
+
+def storage_sample(*pods: tuple[PodSample, int | None]) -> Sample:
+    """Each pod with the bytes its "scratch" emptyDir holds (None: not measured yet)."""
+    sample = make_sample(pods=[p for p, _ in pods])
+    volumes = {p.uid: (VolumeUsage("scratch", FsUsage(used, 1), None, ephemeral=True),)
+               for p, used in pods if used is not None}
+    return dataclasses.replace(sample, volumes=volumes)
+
+
+def overruns(pods: Sequence[Pod], sample: Sample, *, dedicated: bool = False) -> list[
+    tuple[str, str, str]
+]:
+    return [(o.pod.metadata.name, o.limit, o.message)
+            for o in storage_overruns(pods, sample, dedicated_image_fs=dedicated)]
+
+
+def test_an_empty_dir_past_its_size_limit_evicts_its_pod() -> None:
+    pods = [storage_pod("over", size_limit="1Mi"), storage_pod("under", size_limit="8Mi"),
+            storage_pod("unlimited"), storage_pod("unmeasured", size_limit="1Mi")]
+    sample = storage_sample((pod_sample("uid-over"), 3 * MiB), (pod_sample("uid-under"), 3 * MiB),
+                            (pod_sample("uid-unlimited"), 3 * MiB),
+                            (pod_sample("uid-unmeasured"), None))
+    assert overruns(pods, sample) == [
+        ("over", EMPTYDIR_LIMIT, 'Usage of EmptyDir volume "scratch" exceeds the limit "1Mi". ')]
+
+
+def test_exactly_at_the_limit_is_within_it() -> None:
+    pods = [storage_pod("full", size_limit="1Mi")]
+    assert overruns(pods, storage_sample((pod_sample("uid-full"), MiB))) == []
+
+
+def test_the_pod_limit_is_the_sum_of_its_containers_and_counts_its_volumes() -> None:
+    # 2 MiB + 2 MiB of logs and writable layers, plus 3 MiB in the emptyDir: 7 MiB > 2Mi + 4Mi.
+    pod = storage_pod("pod", limits={"a": "2Mi", "b": "4Mi"})
+    figures = pod_sample("uid-pod", rootfs={"a": MiB, "b": MiB}, logs={"a": MiB, "b": MiB})
+    assert overruns([pod], storage_sample((figures, 3 * MiB))) == [
+        ("pod", POD_EPHEMERAL_LIMIT,
+         "Pod ephemeral local storage usage exceeds the total limit of containers 6Mi. ")]
+    assert overruns([pod], storage_sample((figures, 1 * MiB))) == []
+
+
+def test_a_container_past_its_own_limit_evicts_its_pod() -> None:
+    # 3 MiB for "a" is past its 2Mi; the pod as a whole (3 + 1 MiB) is within 2Mi + 8Mi.
+    pod = storage_pod("pod", limits={"a": "2Mi", "b": "8Mi"})
+    figures = pod_sample("uid-pod", rootfs={"a": 2 * MiB, "b": 0}, logs={"a": MiB, "b": MiB})
+    assert overruns([pod], storage_sample((figures, None))) == [
+        ("pod", CONTAINER_EPHEMERAL_LIMIT,
+         'Container a exceeded its local ephemeral storage limit "2Mi". ')]
+    # With images on a filesystem of their own, only the logs count against the limit.
+    assert overruns([pod], storage_sample((figures, None)), dedicated=True) == []
+
+
+def test_critical_pods_and_pods_without_figures_are_left_alone() -> None:
+    static = storage_pod("static", size_limit="1Mi",
+                         annotations={"kubernetes.io/config.source": "file"})
+    unseen = storage_pod("unseen", size_limit="1Mi")
+    sample = storage_sample((pod_sample("uid-static"), 3 * MiB))
+    assert overruns([static, unseen], sample) == []
+
+
+def test_an_unparsable_size_limit_limits_nothing() -> None:
+    pod = storage_pod("odd", size_limit="lots")
+    assert overruns([pod], storage_sample((pod_sample("uid-odd"), 3 * MiB))) == []
 
 
 def _ranked_setup(specs: list[tuple[str | None, int | None, int | None]]) -> tuple[

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
-from tests.unit.test_eviction import T0, GiB, MiB, make_pod, make_sample, pod_sample
-from trio_kubelet.config import ConfigError, KubeletConfiguration
+from tests.unit.test_eviction import (
+    T0,
+    GiB,
+    MiB,
+    make_pod,
+    make_sample,
+    pod_sample,
+    storage_pod,
+    storage_sample,
+)
+from trio_kubelet.config import ConfigError, KubeletConfiguration, load_config_file
 from trio_kubelet.core.eviction import parse_thresholds
 from trio_kubelet.core.stats import FsFigures, Sample
 from trio_kubelet.metrics import AgentMetrics
@@ -103,7 +114,7 @@ async def test_the_pod_beyond_its_request_is_evicted_and_never_a_static_one() ->
     pods, latest = FakePods(memory_pods()), Latest(memory_sample(3800 * MiB))
     evictions, events, metrics = manager(pods, latest)
 
-    assert await evictions.synchronize() == "uid-hog"
+    assert await evictions.synchronize() == ("uid-hog",)
 
     (_, message, grace), = pods.evicted
     assert grace == 1  # hard threshold: at once
@@ -119,10 +130,61 @@ async def test_the_pod_beyond_its_request_is_evicted_and_never_a_static_one() ->
     assert metrics.evictions.labels("memory.available")._value.get() == 1
 
 
+def storage_case() -> tuple[FakePods, Latest]:
+    """Three pods: an emptyDir past its 1Mi, a container past its 2Mi, one within limits;
+    and memory starved (the round still ends with the storage evictions)."""
+    pods = [storage_pod("disk", size_limit="1Mi", annotations=API),
+            storage_pod("logs", limits={"main": "2Mi", "side": "8Mi"}, annotations=API),
+            storage_pod("calm", size_limit="64Mi", annotations=API)]
+    sample = storage_sample(
+        (pod_sample("uid-disk"), 3 * MiB),
+        (pod_sample("uid-logs", rootfs={"main": MiB}, logs={"main": 2 * MiB}), None),
+        (pod_sample("uid-calm", memory={"main": 3 * GiB}), 3 * MiB))
+    return FakePods(pods), Latest(dataclasses.replace(
+        sample, node=make_sample(node_working_set=3800 * MiB).node))
+
+
+async def test_pods_past_their_own_storage_limits_are_all_evicted_in_one_round() -> None:
+    pods, latest = storage_case()
+    evictions, events, metrics = manager(pods, latest)
+
+    assert await evictions.synchronize() == ("uid-disk", "uid-logs")
+
+    disk = 'Usage of EmptyDir volume "scratch" exceeds the limit "1Mi". '
+    logs = 'Container main exceeded its local ephemeral storage limit "2Mi". '
+    assert pods.evicted == [("uid-disk", disk, 1), ("uid-logs", logs, 1)]
+    assert events.pod_events == [("disk", "Warning", "Evicted", disk),
+                                 ("logs", "Warning", "Evicted", logs)]
+    assert events.node_events == [], "no threshold acted on in that round"
+    assert evictions.node_conditions() == ("MemoryPressure",), "but the conditions are reported"
+    assert metrics.evictions.labels("emptydirfs.limit")._value.get() == 1
+    assert metrics.evictions.labels("ephemeralcontainerfs.limit")._value.get() == 1
+
+
+async def test_storage_limits_are_enforced_without_thresholds_unless_switched_off(
+    tmp_path: Path
+) -> None:
+    pods, latest = storage_case()
+    evictions, _, _ = manager(pods, latest, config=EvictionConfig(thresholds=()))
+    assert await evictions.synchronize() == ("uid-disk", "uid-logs")
+
+    pods, latest = storage_case()
+    config = EvictionConfig(thresholds=(), local_storage_capacity_isolation=False)
+    evictions, _, _ = manager(pods, latest, config=config)
+    assert await evictions.synchronize() == ()
+    assert pods.evicted == []
+    (tmp_path / "config.yaml").write_text("apiVersion: kubelet.config.k8s.io/v1beta1\n"
+                                          "kind: KubeletConfiguration\n"
+                                          "localStorageCapacityIsolation: false\n")
+    off = EvictionConfig.from_config(load_config_file(tmp_path / "config.yaml"))
+    assert not off.local_storage_capacity_isolation
+    assert EvictionConfig.from_config(KubeletConfiguration()).local_storage_capacity_isolation
+
+
 async def test_nothing_is_evicted_while_the_thresholds_hold() -> None:
     pods, latest = FakePods(memory_pods()), Latest(memory_sample(2 * GiB))
     evictions, events, _ = manager(pods, latest)
-    assert await evictions.synchronize() is None
+    assert await evictions.synchronize() == ()
     assert pods.evicted == [] and events.node_events == []
     assert evictions.node_conditions() == ()
 
@@ -131,14 +193,14 @@ async def test_only_critical_pods_left_means_no_eviction() -> None:
     pods = FakePods([make_pod("static", annotations=STATIC),
                      make_pod("dns", priority=2_000_000_000, annotations=API)])
     evictions, _, _ = manager(pods, Latest(memory_sample(3900 * MiB)))
-    assert await evictions.synchronize() is None
+    assert await evictions.synchronize() == ()
     assert pods.evicted == []
     assert evictions.memory_pressure()
 
 
 async def test_no_sample_yet_means_no_round() -> None:
     evictions, _, _ = manager(FakePods(memory_pods()), Latest(None))
-    assert await evictions.synchronize() is None
+    assert await evictions.synchronize() == ()
     assert evictions.rounds == 0
 
 
@@ -159,7 +221,7 @@ async def test_disk_pressure_tries_node_level_reclaim_first() -> None:
         return latest.sample
 
     evictions, _, _ = manager(pods, latest, reclaimer=reclaimer, refresh=refresh)
-    assert await evictions.synchronize() is None
+    assert await evictions.synchronize() == ()
     assert reclaimer.signals == ["nodefs.available"]
     assert pods.evicted == []
     assert evictions.disk_pressure()
@@ -173,7 +235,7 @@ async def test_when_reclaim_is_not_enough_a_pod_goes() -> None:
         return disk_sample(2 * GiB, time=T0 + 1)
 
     evictions, _, metrics = manager(pods, latest, reclaimer=reclaimer, refresh=refresh)
-    assert await evictions.synchronize() == "uid-logger"
+    assert await evictions.synchronize() == ("uid-logger",)
     (_, message, _), = pods.evicted
     assert message.startswith("The node was low on resource: ephemeral-storage. ")
     assert "Container main was using 5Gi, request is 0" in message
@@ -299,11 +361,11 @@ async def test_after_reclaim_the_next_sample_decides(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sampler_ticks)
-        assert await evictions.synchronize() is None
+        assert await evictions.synchronize() == ()
     assert reclaimer.signals == ["nodefs.available"] and pods.evicted == []
     assert trio.current_time() >= 4
 
     # Short again, and no sample after the reclaim within two intervals: a pod goes.
     latest.sample = disk_sample(1 * GiB, time=T0 + 4)
-    assert await evictions.synchronize() == "uid-logger"
+    assert await evictions.synchronize() == ("uid-logger",)
     assert trio.current_time() >= 4 + 2 * evictions.config.monitoring_interval

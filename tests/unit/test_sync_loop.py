@@ -316,7 +316,7 @@ async def test_an_eviction_replays_from_its_record(
             EvictionConfig.from_config(config), node.loop, lambda: sample,
             wall_clock=lambda: T0 + 1, stopped=node.store.is_stopped, recorder=recorder,
         )
-        assert await evictions.synchronize() == API
+        assert await evictions.synchronize() == (API,)
 
     header = Header(agent_version="test", node="n", start_time=T0, config=config.to_wire(),
                     sources=["api"])

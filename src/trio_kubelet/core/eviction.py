@@ -8,6 +8,10 @@ pods for the starved resource (`rank_pods`) and word the eviction
 (`eviction_message`, `evicted_status`). No clock reads, no I/O: time and state go
 in as arguments and come back out, so a round can be replayed or property-tested.
 
+Apart from thresholds, a round evicts every pod past one of its own local storage
+limits (`storage_overruns`): an emptyDir's sizeLimit, the pod's or a container's
+ephemeral-storage limit.
+
 A signal the sample cannot tell (an unreadable image filesystem, a memory figure
 missing) has no observation, and a threshold without an observation is never met:
 nothing is evicted on a guess.
@@ -23,8 +27,8 @@ from types import MappingProxyType
 from typing import Literal
 
 from trio_kubelet.core.phase import is_static_pod
-from trio_kubelet.core.pod_cgroups import pod_requests
-from trio_kubelet.core.stats import PodSample, Sample
+from trio_kubelet.core.pod_cgroups import pod_limits, pod_requests
+from trio_kubelet.core.stats import FsUsage, PodSample, Sample, VolumeUsage, ephemeral_usage
 from trio_kubelet.core.timestamps import format_time
 from trio_kubelet.model.pod import Pod, PodCondition, PodStatus
 from trio_kubelet.model.quantity import QuantityError, parse_quantity
@@ -628,7 +632,14 @@ def _format_request(value: str | int | float | None) -> str:
         amount = parse_quantity(value)
     except QuantityError:
         return str(value)
-    return format_quantity(amount, binary=isinstance(value, str) and value.strip().endswith("i"))
+    return _format_like(amount, value)
+
+
+def _format_like(amount: Fraction | int, written: str | int | float) -> str:
+    """``amount`` in the notation ``written`` used (binary suffixes or not), as Go's
+    Quantity.String() keeps a quantity's format."""
+    binary = isinstance(written, str) and written.strip().endswith("i")
+    return format_quantity(amount, binary=binary)
 
 
 def eviction_message(
@@ -668,6 +679,129 @@ def eviction_message(
                 f"request is {_format_request(raw)}, has larger consumption of {resource}. "
             )
     return message
+
+
+# -- local storage limits -----------------------------------------------------------------------
+
+# What a local-storage eviction is counted as (the evictions metric's signal label).
+EMPTYDIR_LIMIT = "emptydirfs.limit"
+POD_EPHEMERAL_LIMIT = "ephemeralpodfs.limit"
+CONTAINER_EPHEMERAL_LIMIT = "ephemeralcontainerfs.limit"
+
+
+@dataclass(frozen=True, slots=True)
+class StorageOverrun:
+    """A pod past one of its own local storage limits: which kind, and the status message."""
+
+    pod: Pod
+    limit: str  # EMPTYDIR_LIMIT, POD_EPHEMERAL_LIMIT or CONTAINER_EPHEMERAL_LIMIT
+    message: str
+
+
+def storage_overruns(
+    pods: Sequence[Pod], sample: Sample, *, dedicated_image_fs: bool
+) -> list[StorageOverrun]:
+    """The pods using more local storage than their spec allows (Go's localStorageEviction).
+
+    Per pod, the first of: an emptyDir past its ``sizeLimit``; the pod's ephemeral storage
+    past the sum of its containers' ``ephemeral-storage`` limits; a container's logs (and
+    writable layer, unless images have their own filesystem) past its own limit. Critical
+    pods and pods the sample has no figures for are left out. An emptyDir's use is the
+    volume walk's (once a minute), the rest the sampler's.
+    """
+    stats = {p.uid: p for p in sample.pods}
+    overruns = []
+    for pod in pods:
+        figures = stats.get(pod.metadata.uid)
+        if figures is None or is_critical_pod(pod):
+            continue
+        volumes = sample.volumes.get(pod.metadata.uid, ())
+        found = (
+            _empty_dir_overrun(pod, volumes)
+            or _pod_ephemeral_overrun(pod, figures, volumes)
+            or _container_ephemeral_overrun(pod, figures, dedicated_image_fs)
+        )
+        if found is not None:
+            overruns.append(StorageOverrun(pod, *found))
+    return overruns
+
+
+def _quantity(value: object) -> Fraction | None:
+    if not isinstance(value, (str, int, float)):
+        return None
+    try:
+        return parse_quantity(value)
+    except QuantityError:
+        return None  # admission reports a malformed quantity; here it limits nothing
+
+
+def _empty_dir_overrun(pod: Pod, volumes: Sequence[VolumeUsage]) -> tuple[str, str] | None:
+    used = {v.name: v.usage.used_bytes for v in volumes}
+    for volume in pod.spec.volumes:
+        if volume.empty_dir is None:
+            continue
+        written = volume.empty_dir.get("sizeLimit")
+        limit = _quantity(written)
+        volume_used = used.get(volume.name)
+        if limit is None or limit <= 0 or volume_used is None or volume_used <= limit:
+            continue
+        assert isinstance(written, (str, int, float))
+        return EMPTYDIR_LIMIT, (
+            f'Usage of EmptyDir volume "{volume.name}" exceeds the limit '
+            f'"{_format_like(limit, written)}". '
+        )
+    return None
+
+
+def _pod_ephemeral_overrun(
+    pod: Pod, figures: PodSample, volumes: Sequence[VolumeUsage]
+) -> tuple[str, str] | None:
+    try:
+        limit = pod_limits(pod).get(EPHEMERAL_STORAGE)
+    except QuantityError:
+        return None
+    if limit is None:
+        return None
+    usage = ephemeral_usage(figures, volumes)
+    if _used_bytes(usage) <= limit:
+        return None
+    written = next(
+        c.resources.limits[EPHEMERAL_STORAGE]
+        for c in (*pod.spec.containers, *pod.spec.init_containers)
+        if EPHEMERAL_STORAGE in c.resources.limits
+    )
+    return POD_EPHEMERAL_LIMIT, (
+        "Pod ephemeral local storage usage exceeds the total limit of containers "
+        f"{_format_like(limit, written)}. "
+    )
+
+
+def _container_ephemeral_overrun(
+    pod: Pod, figures: PodSample, dedicated_image_fs: bool
+) -> tuple[str, str] | None:
+    limits = {}
+    for container in pod.spec.containers:
+        written = container.resources.limits.get(EPHEMERAL_STORAGE)
+        limit = _quantity(written)
+        if written is not None and limit:
+            limits[container.name] = (limit, written)
+    for sampled in figures.containers:
+        if sampled.ref.name not in limits:
+            continue
+        limit, written = limits[sampled.ref.name]
+        used = _used_bytes(sampled.logs)
+        if not dedicated_image_fs:  # the writable layer is on the image filesystem otherwise
+            used += _used_bytes(sampled.rootfs)
+        if used > limit:
+            return CONTAINER_EPHEMERAL_LIMIT, (
+                f"Container {sampled.ref.name} exceeded its local ephemeral storage limit "
+                f'"{_format_like(limit, written)}". '
+            )
+    return None
+
+
+def _used_bytes(usage: FsUsage | None) -> int:
+    return 0 if usage is None or usage.used_bytes is None else usage.used_bytes
 
 
 def evicted_status(status: PodStatus, message: str, now: float) -> PodStatus:

@@ -168,6 +168,11 @@ def pod_requests(pod: Pod) -> Resources:
     return total
 
 
+def pod_limits(pod: Pod) -> Resources:
+    """The pod's limits (Go's PodLimits): only resources some container limits appear."""
+    return _pod_limits(pod)[0]
+
+
 def _pod_limits(pod: Pod) -> tuple[Resources, bool, bool]:
     """The pod's limits, and whether every container counted declares a cpu / memory limit."""
     total, weighed = _effective(pod, _container_limits)

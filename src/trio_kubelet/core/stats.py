@@ -404,17 +404,23 @@ def _container_json(
     return out
 
 
-def _ephemeral_storage(
-    time: str, pod: PodSample, node: NodeReading, volumes: Sequence[VolumeUsage]
-) -> dict[str, Any] | None:
-    """Containers' writable layers and logs plus the pod's local ephemeral volumes."""
+def ephemeral_usage(pod: PodSample, volumes: Sequence[VolumeUsage]) -> FsUsage | None:
+    """The pod's ephemeral storage: its containers' writable layers and logs plus its
+    local ephemeral volumes; None when none of it is known."""
     usages = [u for c in pod.containers for u in (c.rootfs, c.logs) if u]
     usages += [v.usage for v in volumes if v.ephemeral]
     used = _sum(u.used_bytes for u in usages)
     inodes = _sum(u.inodes_used for u in usages)
     if used is None and inodes is None:
         return None
-    return _fs_json(time, node.root_fs, FsUsage(used_bytes=used, inodes_used=inodes))
+    return FsUsage(used_bytes=used, inodes_used=inodes)
+
+
+def _ephemeral_storage(
+    time: str, pod: PodSample, node: NodeReading, volumes: Sequence[VolumeUsage]
+) -> dict[str, Any] | None:
+    usage = ephemeral_usage(pod, volumes)
+    return None if usage is None else _fs_json(time, node.root_fs, usage)
 
 
 def _volume_json(time: str, volume: VolumeUsage) -> dict[str, Any]:

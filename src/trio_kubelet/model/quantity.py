@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
+from functools import lru_cache
 
 _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
@@ -27,6 +28,9 @@ class QuantityError(ValueError):
     """A string that is not a Kubernetes quantity."""
 
 
+# Pods carry a handful of distinct quantities that the eviction rounds, admission and the
+# cgroup settings parse again and again; Fractions are immutable, so results are shared.
+@lru_cache(maxsize=4096, typed=True)
 def parse_quantity(value: str | int | float) -> Fraction:
     """The exact value of a quantity; ints and floats (as YAML gives them) are accepted too."""
     if isinstance(value, bool):

@@ -5,7 +5,9 @@ decide which thresholds are met and which pressure conditions the node reports, 
 for node-level reclaim first when the starved resource is disk (image and container
 GC, through an optional `NodeReclaimer`), and otherwise evicts at most one pod per
 round, through the sync loop, which has the pod's worker kill it and mark it
-Failed/Evicted. After an eviction it waits (up to 30 s) for the pod to stop before
+Failed/Evicted. Before the thresholds, with localStorageCapacityIsolation (the
+default), every pod past one of its own local storage limits is evicted, and the
+round ends there. After an eviction it waits (up to 30 s) for the pods to stop before
 looking again, as the Go kubelet does, and then only at a sample taken after that.
 """
 
@@ -23,6 +25,7 @@ import trio
 from trio_kubelet.config import ConfigError, KubeletConfiguration
 from trio_kubelet.core.eviction import (
     DISK_PRESSURE,
+    HARD_EVICTION_GRACE_SECONDS,
     MEMORY_PRESSURE,
     MONITORING_INTERVAL,
     PID_PRESSURE,
@@ -44,6 +47,7 @@ from trio_kubelet.core.eviction import (
     parse_thresholds,
     pod_usage,
     rank_pods,
+    storage_overruns,
     thresholds_met,
 )
 from trio_kubelet.core.stats import Sample
@@ -103,6 +107,8 @@ class EvictionConfig:
     monitoring_interval: float = MONITORING_INTERVAL
     # The kubepods memory limit, for allocatableMemory.available; None: not observed.
     pods_memory_limit: int | None = None
+    # Evict pods past their own local storage limits (emptyDir sizeLimit, ephemeral-storage).
+    local_storage_capacity_isolation: bool = True
 
     @classmethod
     def from_config(
@@ -131,6 +137,7 @@ class EvictionConfig:
             max_pod_grace_period=config.eviction_max_pod_grace_period,
             monitoring_interval=monitoring_interval,
             pods_memory_limit=pods_memory_limit,
+            local_storage_capacity_isolation=config.local_storage_capacity_isolation,
         )
 
 
@@ -194,7 +201,7 @@ class EvictionManager:
     async def run(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> NoReturn:
-        """A round every monitoring interval; after an eviction, the next once the pod stopped."""
+        """A round every monitoring interval; after an eviction, the next once the pods stopped."""
         log.info(
             "Eviction manager started: %d threshold(s), every %.0fs",
             len(self.config.thresholds),
@@ -206,17 +213,21 @@ class EvictionManager:
                 evicted = await self.synchronize()
             except Exception:  # a bad round must not end the node's protection
                 log.exception("Eviction manager: round failed")
-                evicted = None
-            if evicted is not None:
+                evicted = ()
+            if evicted:
                 await self._wait_for_cleanup(evicted)
             else:
                 await trio.sleep(self.config.monitoring_interval)
 
-    async def synchronize(self) -> str | None:
-        """One round; the UID of the pod evicted, or None."""
+    async def synchronize(self) -> tuple[str, ...]:
+        """One round; the UIDs of the pods evicted (one for a threshold, or each pod past
+        its own local storage limits)."""
         sample = self._latest_sample()
-        if sample is None or not self.config.thresholds or sample.timestamp <= self._settled_at:
-            return None
+        config = self.config
+        if sample is None or sample.timestamp <= self._settled_at:
+            return ()
+        if not config.thresholds and not config.local_storage_capacity_isolation:
+            return ()
         self.rounds += 1
         observations = observe(sample, pods_memory_limit=self.config.pods_memory_limit)
         assessment = assess(
@@ -228,19 +239,41 @@ class EvictionManager:
         )
         self._update_conditions(assessment.conditions)
         self.state = assessment.state
+        dedicated = dedicated_image_fs(sample)
+        if config.local_storage_capacity_isolation:
+            overrun = self._evict_storage_overruns(sample, dedicated=dedicated)
+            if overrun:
+                return overrun
         threshold, resource = assessment.threshold, assessment.resource
         if threshold is None or resource is None:
-            return None
+            return ()
         log.info("Eviction manager: attempting to reclaim %s (%s)", resource, threshold.signal)
         self._events.node_event(
             self._events.node_name, "Warning", REASON_THRESHOLD_MET,
             f"Attempting to reclaim {resource}",
         )
-        dedicated = dedicated_image_fs(sample)
         if await self._reclaim_node_level(threshold, dedicated=dedicated):
             log.info("Eviction manager: reduced %s pressure without evicting pods", resource)
-            return None
-        return self._evict_one(sample, assessment, observations, dedicated=dedicated)
+            return ()
+        victim = self._evict_one(sample, assessment, observations, dedicated=dedicated)
+        return () if victim is None else (victim,)
+
+    def _evict_storage_overruns(self, sample: Sample, *, dedicated: bool) -> tuple[str, ...]:
+        """Evict every pod past its own local storage limits, at once (Go's grace: 1 s)."""
+        evicted = []
+        for overrun in storage_overruns(
+            self._pods.active_pods(), sample, dedicated_image_fs=dedicated
+        ):
+            pod, uid = overrun.pod, overrun.pod.metadata.uid
+            if not self._pods.evict(uid, overrun.message, HARD_EVICTION_GRACE_SECONDS):
+                continue  # gone or finished meanwhile
+            self._events.pod_event(pod, "Warning", REASON_EVICTED, overrun.message)
+            log.info("Eviction manager: evicting pod %s (%s): %s", pod.full_name, uid,
+                     overrun.message)
+            if self._metrics is not None:
+                self._metrics.evictions.labels(overrun.limit).inc()
+            evicted.append(uid)
+        return tuple(evicted)
 
     def _update_conditions(self, conditions: tuple[str, ...]) -> None:
         if conditions != self.conditions:
@@ -368,14 +401,14 @@ class EvictionManager:
             )
         )
 
-    async def _wait_for_cleanup(self, uid: str) -> None:
-        """Until the evicted pod has nothing running, at most 30 s (Go's podCleanupTimeout)."""
+    async def _wait_for_cleanup(self, uids: tuple[str, ...]) -> None:
+        """Until the evicted pods have nothing running, at most 30 s (Go's podCleanupTimeout)."""
         await trio.lowlevel.checkpoint()  # never a round after round without yielding
         with trio.move_on_after(POD_CLEANUP_TIMEOUT) as waited:
-            while not self._stopped(uid):
+            while not all(self._stopped(uid) for uid in uids):
                 await trio.sleep(_CLEANUP_POLL)
-            log.info("Eviction manager: evicted pod %s is stopped", uid)
+            log.info("Eviction manager: evicted pods %s are stopped", ", ".join(uids))
         if waited.cancelled_caught:
-            log.warning("Eviction manager: evicted pod %s has not stopped after %.0fs", uid,
-                        POD_CLEANUP_TIMEOUT)
+            log.warning("Eviction manager: evicted pods %s have not all stopped after %.0fs",
+                        ", ".join(uids), POD_CLEANUP_TIMEOUT)
         self._settled_at = self._wall_clock()
