@@ -45,6 +45,7 @@ from trio_kubelet.core.eviction import (
     pod_usage,
     rank_pods,
     storage_overruns,
+    storage_usage,
     threshold_met,
     thresholds_met,
 )
@@ -516,7 +517,7 @@ def overruns(pods: Sequence[Pod], sample: Sample, *, dedicated: bool = False) ->
     tuple[str, str, str]
 ]:
     return [(o.pod.metadata.name, o.limit, o.message)
-            for o in storage_overruns(pods, sample, dedicated_image_fs=dedicated)]
+            for o in storage_overruns(pods, storage_usage(sample), dedicated_image_fs=dedicated)]
 
 
 def test_an_empty_dir_past_its_size_limit_evicts_its_pod() -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
+from trio_kubelet.replay import reader
 from trio_kubelet.replay.reader import (
     RecordingError,
     RecordingReader,
@@ -20,6 +21,7 @@ from trio_kubelet.replay.records import (
     DecisionRecord,
     EventRecord,
     Header,
+    Record,
     SnapshotRecord,
     StatusRecord,
     TeardownRecord,
@@ -237,3 +239,11 @@ def test_the_reader_streams_and_stops_at_the_bad_line(tmp_path: Path) -> None:
 def test_error_without_a_file_name() -> None:
     assert str(RecordingError(3, "bad")) == "line 3: bad"
     assert field_path(("starts", 0, "allowed")) == "starts[0].allowed"
+
+
+def test_the_fast_path_knows_every_record_kind() -> None:
+    """Each kind of the ``Record`` union parses on the fast path, by its own model."""
+    kinds = {
+        model.model_fields["kind"].default: model for model in get_args(get_args(Record)[0])
+    }
+    assert kinds == reader._MODELS

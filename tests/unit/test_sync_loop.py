@@ -337,6 +337,58 @@ async def test_an_eviction_replays_from_its_record(
     assert diverged.divergence.reason == "the replayed eviction differs from the recorded one"
 
 
+async def test_a_local_storage_eviction_replays_from_its_record(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """The storage check over the loop's real pods is recorded; replay re-checks it."""
+    from tests.unit.test_eviction import MiB, pod_sample, storage_sample
+    from trio_kubelet.replay.records import StorageEvictionRecord
+    from trio_kubelet.resources.eviction import EvictionConfig, EvictionManager
+
+    config = KubeletConfiguration()
+
+    def scratch_pod(name: str, uid: str) -> Pod:
+        """A pod with a 2Mi emptyDir."""
+        return Pod.model_validate({
+            "metadata": {"name": name, "namespace": "default", "uid": uid},
+            "spec": {"volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "2Mi"}}],
+                     "containers": [{"name": "main", "image": IMAGE}]},
+        })
+
+    web, api = scratch_pod("web", WEB), scratch_pod("api", API)
+    sample = storage_sample((pod_sample(WEB), MiB), (pod_sample(API), 3 * MiB))
+    recorder = ListRecorder()
+    async with fake_runtime(tmp_path) as runtime, \
+            agent(runtime, ("api",), recorder=recorder) as node:
+        await node.send.send(pod_set("api", web, api))
+        await node.wait_for(API, is_running)
+        evictions = EvictionManager(
+            EvictionConfig(thresholds=()), node.loop, lambda: sample,
+            wall_clock=lambda: T0 + 1, stopped=node.store.is_stopped, recorder=recorder,
+        )
+        assert await evictions.synchronize() == (API,)
+
+    header = Header(agent_version="test", node="n", start_time=T0, config=config.to_wire(),
+                    sources=["api"])
+    (record,) = [r for r in recorder.records if isinstance(r, StorageEvictionRecord)]
+    message = 'Usage of EmptyDir volume "scratch" exceeds the limit "2Mi". '
+    assert record.overruns == [(API, "emptydirfs.limit", message)]
+    assert set(record.candidates) == {WEB, API}
+    for result in (replay([header, *recorder.records]),
+                   replay_through_file(recorder.records, tmp_path)):
+        assert result.ok and result.evictions == 1
+        assert [line.summary for line in result.trace if line.uid == API][-1] == (
+            f"evict (emptydirfs.limit): {message}")
+    # Other figures (the web pod's volume now the full one) find another pod.
+    usage = {WEB: {**record.usage[WEB], "volumes": {"scratch": 3 * MiB}},
+             API: {**record.usage[API], "volumes": {"scratch": MiB}}}
+    tampered = record.model_copy(update={"usage": usage})
+    diverged = replay([header, *[tampered if r is record else r for r in recorder.records]])
+    assert diverged.divergence is not None
+    assert diverged.divergence.reason == (
+        "the replayed local storage check differs from the recorded one")
+
+
 # -- routing and coalescing --------------------------------------------------------------------
 
 

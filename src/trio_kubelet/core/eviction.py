@@ -9,7 +9,7 @@ pods for the starved resource (`rank_pods`) and word the eviction
 in as arguments and come back out, so a round can be replayed or property-tested.
 
 Apart from thresholds, a round evicts every pod past one of its own local storage
-limits (`storage_overruns`): an emptyDir's sizeLimit, the pod's or a container's
+limits (`storage_usage`, `storage_overruns`): an emptyDir's sizeLimit, the pod's or a container's
 ephemeral-storage limit.
 
 A signal the sample cannot tell (an unreadable image filesystem, a memory figure
@@ -28,7 +28,7 @@ from typing import Literal
 
 from trio_kubelet.core.phase import is_static_pod
 from trio_kubelet.core.pod_cgroups import pod_limits, pod_requests
-from trio_kubelet.core.stats import FsUsage, PodSample, Sample, VolumeUsage, ephemeral_usage
+from trio_kubelet.core.stats import FsUsage, PodSample, Sample, ephemeral_usage
 from trio_kubelet.core.timestamps import format_time
 from trio_kubelet.model.pod import Pod, PodCondition, PodStatus
 from trio_kubelet.model.quantity import QuantityError, parse_quantity
@@ -698,28 +698,53 @@ class StorageOverrun:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class StorageUsage:
+    """What a pod's local storage limits are measured against, in bytes."""
+
+    ephemeral: int = 0  # writable layers, logs and local ephemeral volumes (the summary's)
+    volumes: Mapping[str, int] = field(default_factory=dict)  # the measured volumes by name
+    # Container name -> [writable layer, logs].
+    containers: Mapping[str, Sequence[int]] = field(default_factory=dict)
+
+
+def storage_usage(sample: Sample) -> dict[str, StorageUsage]:
+    """Each pod's `StorageUsage` by UID; a pod the sample did not see has no entry.
+
+    An emptyDir's figure is the volume walk's (once a minute), the rest the sampler's.
+    """
+    usage = {}
+    for pod in sample.pods:
+        volumes = sample.volumes.get(pod.uid, ())
+        usage[pod.uid] = StorageUsage(
+            ephemeral=_used_bytes(ephemeral_usage(pod, volumes)),
+            volumes={v.name: v.usage.used_bytes for v in volumes
+                     if v.usage.used_bytes is not None},
+            containers={c.ref.name: (_used_bytes(c.rootfs), _used_bytes(c.logs))
+                        for c in pod.containers},
+        )
+    return usage
+
+
 def storage_overruns(
-    pods: Sequence[Pod], sample: Sample, *, dedicated_image_fs: bool
+    pods: Sequence[Pod], usage: Mapping[str, StorageUsage], *, dedicated_image_fs: bool
 ) -> list[StorageOverrun]:
     """The pods using more local storage than their spec allows (Go's localStorageEviction).
 
     Per pod, the first of: an emptyDir past its ``sizeLimit``; the pod's ephemeral storage
     past the sum of its containers' ``ephemeral-storage`` limits; a container's logs (and
     writable layer, unless images have their own filesystem) past its own limit. Critical
-    pods and pods the sample has no figures for are left out. An emptyDir's use is the
-    volume walk's (once a minute), the rest the sampler's.
+    pods and pods without figures are left out.
     """
-    stats = {p.uid: p for p in sample.pods}
     overruns = []
     for pod in pods:
-        figures = stats.get(pod.metadata.uid)
-        if figures is None or is_critical_pod(pod):
+        used = usage.get(pod.metadata.uid)
+        if used is None or is_critical_pod(pod):
             continue
-        volumes = sample.volumes.get(pod.metadata.uid, ())
         found = (
-            _empty_dir_overrun(pod, volumes)
-            or _pod_ephemeral_overrun(pod, figures, volumes)
-            or _container_ephemeral_overrun(pod, figures, dedicated_image_fs)
+            _empty_dir_overrun(pod, used)
+            or _pod_ephemeral_overrun(pod, used)
+            or _container_ephemeral_overrun(pod, used, dedicated_image_fs)
         )
         if found is not None:
             overruns.append(StorageOverrun(pod, *found))
@@ -735,14 +760,13 @@ def _quantity(value: object) -> Fraction | None:
         return None  # admission reports a malformed quantity; here it limits nothing
 
 
-def _empty_dir_overrun(pod: Pod, volumes: Sequence[VolumeUsage]) -> tuple[str, str] | None:
-    used = {v.name: v.usage.used_bytes for v in volumes}
+def _empty_dir_overrun(pod: Pod, used: StorageUsage) -> tuple[str, str] | None:
     for volume in pod.spec.volumes:
         if volume.empty_dir is None:
             continue
         written = volume.empty_dir.get("sizeLimit")
         limit = _quantity(written)
-        volume_used = used.get(volume.name)
+        volume_used = used.volumes.get(volume.name)
         if limit is None or limit <= 0 or volume_used is None or volume_used <= limit:
             continue
         assert isinstance(written, (str, int, float))
@@ -753,17 +777,12 @@ def _empty_dir_overrun(pod: Pod, volumes: Sequence[VolumeUsage]) -> tuple[str, s
     return None
 
 
-def _pod_ephemeral_overrun(
-    pod: Pod, figures: PodSample, volumes: Sequence[VolumeUsage]
-) -> tuple[str, str] | None:
+def _pod_ephemeral_overrun(pod: Pod, used: StorageUsage) -> tuple[str, str] | None:
     try:
         limit = pod_limits(pod).get(EPHEMERAL_STORAGE)
     except QuantityError:
         return None
-    if limit is None:
-        return None
-    usage = ephemeral_usage(figures, volumes)
-    if _used_bytes(usage) <= limit:
+    if limit is None or used.ephemeral <= limit:
         return None
     written = next(
         c.resources.limits[EPHEMERAL_STORAGE]
@@ -777,24 +796,20 @@ def _pod_ephemeral_overrun(
 
 
 def _container_ephemeral_overrun(
-    pod: Pod, figures: PodSample, dedicated_image_fs: bool
+    pod: Pod, used: StorageUsage, dedicated_image_fs: bool
 ) -> tuple[str, str] | None:
-    limits = {}
     for container in pod.spec.containers:
         written = container.resources.limits.get(EPHEMERAL_STORAGE)
         limit = _quantity(written)
-        if written is not None and limit:
-            limits[container.name] = (limit, written)
-    for sampled in figures.containers:
-        if sampled.ref.name not in limits:
+        figures = used.containers.get(container.name)
+        if written is None or not limit or figures is None:
             continue
-        limit, written = limits[sampled.ref.name]
-        used = _used_bytes(sampled.logs)
-        if not dedicated_image_fs:  # the writable layer is on the image filesystem otherwise
-            used += _used_bytes(sampled.rootfs)
-        if used > limit:
+        writable_layer, logs = figures
+        # The writable layer counts only where it shares the node's filesystem.
+        total = logs if dedicated_image_fs else logs + writable_layer
+        if total > limit:
             return CONTAINER_EPHEMERAL_LIMIT, (
-                f"Container {sampled.ref.name} exceeded its local ephemeral storage limit "
+                f"Container {container.name} exceeded its local ephemeral storage limit "
                 f'"{_format_like(limit, written)}". '
             )
     return None

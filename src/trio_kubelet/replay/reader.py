@@ -31,6 +31,7 @@ from trio_kubelet.replay.records import (
     Record,
     SnapshotRecord,
     StatusRecord,
+    StorageEvictionRecord,
     TeardownRecord,
 )
 
@@ -44,6 +45,7 @@ _MODELS: dict[str, type[BaseModel]] = {
     "decision": DecisionRecord,
     "admission": AdmissionRecord,
     "eviction": EvictionRecord,
+    "storage_eviction": StorageEvictionRecord,
     "container_gc": ContainerGCRecord,
     "image_gc": ImageGCRecord,
     "status": StatusRecord,

@@ -129,6 +129,24 @@ class EvictionRecord(_Record):
     grace: int | None = None
 
 
+class StorageEvictionRecord(_Record):
+    """A round that found pods past their own local storage limits: the inputs of
+    ``core.eviction.storage_overruns`` and what it found.
+
+    ``candidates`` maps the active pods' UIDs (in the loop's order) to the seq of the
+    event that set their specs; ``usage`` holds each candidate's ``StorageUsage``
+    fields; ``overruns`` rows are [uid, limit, message]; ``refused`` the pods whose
+    workers declined.
+    """
+
+    kind: Literal["storage_eviction"] = "storage_eviction"
+    dedicated_image_fs: bool
+    candidates: dict[str, int]
+    usage: dict[str, dict[str, Any]]
+    overruns: list[tuple[str, str, str]]
+    refused: list[str] = Field(default_factory=list)
+
+
 class ContainerGCRecord(_Record):
     """A container GC pass that removed something: the inputs of
     ``core.container_gc.plan_container_gc`` and the plan.
@@ -224,6 +242,7 @@ Record = Annotated[
     | DecisionRecord
     | AdmissionRecord
     | EvictionRecord
+    | StorageEvictionRecord
     | ContainerGCRecord
     | ImageGCRecord
     | StatusRecord

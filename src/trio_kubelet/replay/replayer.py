@@ -36,7 +36,14 @@ from trio_kubelet.core.backoff import (
     gate_container_start,
 )
 from trio_kubelet.core.container_gc import GCContainer, GCPolicy, GCSandbox, plan_container_gc
-from trio_kubelet.core.eviction import Observation, PodUsage, Threshold, choose_victim
+from trio_kubelet.core.eviction import (
+    Observation,
+    PodUsage,
+    StorageUsage,
+    Threshold,
+    choose_victim,
+    storage_overruns,
+)
 from trio_kubelet.core.image_gc import (
     NEVER,
     ImageFs,
@@ -71,6 +78,7 @@ from trio_kubelet.replay.records import (
     ImageGCRecord,
     Record,
     SnapshotRecord,
+    StorageEvictionRecord,
 )
 from trio_kubelet.resources.eviction import EvictionConfig
 
@@ -188,6 +196,8 @@ class Replayer:
             self._admission(line, t, record)
         elif isinstance(record, EvictionRecord):
             self._eviction(line, t, record)
+        elif isinstance(record, StorageEvictionRecord):
+            self._storage_eviction(line, t, record)
         elif isinstance(record, ContainerGCRecord):
             self._container_gc(line, t, record)
         elif isinstance(record, ImageGCRecord):
@@ -396,6 +406,34 @@ class Replayer:
         summary = f"evict ({actionable[0].signal}): {victim.message}" if victim else "evict none"
         uid = victim.pod.metadata.uid if victim else ""
         self.result.trace.append(DecisionTrace(line, t, pod, uid, summary, diverged=diverged))
+
+    def _storage_eviction(self, line: int, t: float, record: StorageEvictionRecord) -> None:
+        """Re-check the pods' local storage limits from the recorded figures and specs."""
+        self.result.evictions += len(record.overruns) - len(record.refused)
+        recorded = {"overruns": [list(row) for row in record.overruns]}
+        missing = [uid for uid, seq in record.candidates.items()
+                   if (uid, seq) not in self._versions]
+        if missing:
+            self._diverge(line, missing[0],
+                          f"the spec of pod {missing[0]} is not in the recording", recorded, {})
+            return
+        pods = [self._versions[key] for key in record.candidates.items()]
+        try:
+            usage = {uid: StorageUsage(**fields) for uid, fields in record.usage.items()}
+        except TypeError as err:
+            raise RecordingError(line, f"storage_eviction: usage: {err}") from None
+        overruns = storage_overruns(pods, usage, dedicated_image_fs=record.dedicated_image_fs)
+        replayed = {"overruns": [[o.pod.metadata.uid, o.limit, o.message] for o in overruns]}
+        diverged = replayed != recorded
+        if diverged:
+            self._diverge(line, overruns[0].pod.full_name if overruns else "(none)",
+                          "the replayed local storage check differs from the recorded one",
+                          recorded, replayed)
+        for overrun in overruns:
+            pod = overrun.pod
+            self.result.trace.append(DecisionTrace(
+                line, t, pod.full_name, pod.metadata.uid,
+                f"evict ({overrun.limit}): {overrun.message}", diverged=diverged))
 
     def _container_gc(self, line: int, t: float, record: ContainerGCRecord) -> None:
         """Re-plan a container GC pass from the runtime's containers and sandboxes it saw."""

@@ -36,6 +36,8 @@ from trio_kubelet.core.eviction import (
     EvictionState,
     Observation,
     PodUsage,
+    StorageOverrun,
+    StorageUsage,
     Threshold,
     ThresholdError,
     Victim,
@@ -48,6 +50,7 @@ from trio_kubelet.core.eviction import (
     pod_usage,
     rank_pods,
     storage_overruns,
+    storage_usage,
     thresholds_met,
 )
 from trio_kubelet.core.stats import Sample
@@ -55,7 +58,7 @@ from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.replay.recorder import Recorder
-from trio_kubelet.replay.records import EvictionRecord
+from trio_kubelet.replay.records import EvictionRecord, StorageEvictionRecord
 
 __all__ = ["EvictionConfig", "EvictionManager", "EvictionPods", "NodeReclaimer", "NodeReclaimers"]
 
@@ -260,20 +263,49 @@ class EvictionManager:
 
     def _evict_storage_overruns(self, sample: Sample, *, dedicated: bool) -> tuple[str, ...]:
         """Evict every pod past its own local storage limits, at once (Go's grace: 1 s)."""
-        evicted = []
-        for overrun in storage_overruns(
-            self._pods.active_pods(), sample, dedicated_image_fs=dedicated
-        ):
+        pods = self._pods.active_pods()
+        usage = storage_usage(sample)
+        overruns = storage_overruns(pods, usage, dedicated_image_fs=dedicated)
+        evicted, refused = [], []
+        for overrun in overruns:
             pod, uid = overrun.pod, overrun.pod.metadata.uid
             if not self._pods.evict(uid, overrun.message, HARD_EVICTION_GRACE_SECONDS):
-                continue  # gone or finished meanwhile
+                refused.append(uid)  # gone or finished meanwhile
+                continue
             self._events.pod_event(pod, "Warning", REASON_EVICTED, overrun.message)
             log.info("Eviction manager: evicting pod %s (%s): %s", pod.full_name, uid,
                      overrun.message)
             if self._metrics is not None:
                 self._metrics.evictions.labels(overrun.limit).inc()
             evicted.append(uid)
+        if overruns and self._recorder is not None:
+            self._record_overruns(pods, usage, overruns, refused, dedicated=dedicated)
         return tuple(evicted)
+
+    def _record_overruns(
+        self,
+        pods: list[Pod],
+        usage: dict[str, StorageUsage],
+        overruns: list[StorageOverrun],
+        refused: list[str],
+        *,
+        dedicated: bool,
+    ) -> None:
+        """The storage check's inputs and findings as a ``StorageEvictionRecord``."""
+        assert self._recorder is not None
+        t = trio.current_time()
+        candidates = {p.metadata.uid: self._pods.spec_seq(p.metadata.uid) for p in pods}
+        self._recorder.add(
+            lambda: StorageEvictionRecord(
+                t=t,
+                dedicated_image_fs=dedicated,
+                candidates=candidates,
+                usage={uid: dataclasses.asdict(u) for uid, u in usage.items()
+                       if uid in candidates},
+                overruns=[(o.pod.metadata.uid, o.limit, o.message) for o in overruns],
+                refused=refused,
+            )
+        )
 
     def _update_conditions(self, conditions: tuple[str, ...]) -> None:
         if conditions != self.conditions:
