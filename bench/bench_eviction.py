@@ -16,6 +16,9 @@ Three figures, CPU from ``time.process_time()``:
 
 * ``quiet``: no threshold met — what every round costs on a healthy node;
 * ``pressure``: memory.available under its hard threshold every round — ranking and eviction;
+* ``quiet_storage_limits``: ``quiet`` with every pod limiting its local storage (an emptyDir
+  sizeLimit and ephemeral-storage limits, none exceeded), so each round runs the local storage
+  check over all of them (pods without such limits are not checked);
 * ``loop`` (``--window`` seconds, 0 to skip): the manager's real ``run`` task under trio at its
   real 10 s interval over a quiet node, whole-process CPU over the window (trio's idle included).
 
@@ -49,6 +52,7 @@ from trio_kubelet.core.stats import (
     NodeSample,
     PodSample,
     Sample,
+    VolumeUsage,
 )
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
@@ -61,8 +65,10 @@ CAPACITY = 16 * GiB
 T0 = 1_700_000_000.0
 
 
-def make_pods(count: int) -> list[Pod]:
+def make_pods(count: int, *, storage_limits: bool = False) -> list[Pod]:
     pods = []
+    limits = {"ephemeral-storage": "2Gi"} if storage_limits else {}
+    scratch = {"sizeLimit": "1Gi"} if storage_limits else {}
     for index in range(count):
         requests = {"memory": f"{64 + index % 4 * 64}Mi"} if index % 3 else {}
         pods.append(Pod.model_validate({
@@ -70,9 +76,10 @@ def make_pods(count: int) -> list[Pod]:
                          "annotations": {"kubernetes.io/config.source": "api"}},
             "spec": {
                 "priority": index % 5,
+                "volumes": [{"name": "scratch", "emptyDir": scratch}],
                 "containers": [
                     {"name": name, "image": "busybox:1.36",
-                     "resources": {"requests": requests}}
+                     "resources": {"requests": requests, "limits": limits}}
                     for name in ("app", "sidecar")
                 ],
             },
@@ -111,9 +118,11 @@ def make_sample(pods: list[Pod], time: float, node_working_set: int) -> Sample:
                          used_bytes=50 * GiB, inodes=12_000_000, inodes_free=11_000_000)
     reading = NodeReading(figures=CgroupFigures(memory_working_set_bytes=node_working_set),
                           root_fs=fs, image_fs=image_fs, max_pid=4_194_304, processes=900)
+    volumes = {p.uid: (VolumeUsage("scratch", FsUsage(index * MiB, 100), fs, ephemeral=True),)
+               for index, p in enumerate(pod_samples)}
     return Sample(timestamp=time, monotonic=time - T0,
                   machine=MachineInfo(num_cores=2, memory_capacity_bytes=CAPACITY),
-                  node=NodeSample(reading), pods=tuple(pod_samples))
+                  node=NodeSample(reading), pods=tuple(pod_samples), volumes=volumes)
 
 
 class StandIn:
@@ -196,6 +205,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     pods = make_pods(args.pods)
     quiet = await rounds(pods, args.rounds, node_working_set=4 * GiB)
     pressure = await rounds(pods, args.rounds, node_working_set=CAPACITY - 50 * MiB)
+    limited = await rounds(make_pods(args.pods, storage_limits=True), args.rounds,
+                           node_working_set=4 * GiB)
     result: dict[str, Any] = {
         "bench": "eviction",
         "pods": args.pods,
@@ -203,6 +214,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "target": "<= 1 % of a core (<= 100 ms CPU per 10 s round)",
         "quiet": quiet,
         "pressure": pressure,
+        "quiet_storage_limits": limited,
     }
     if args.window > 0:
         result["loop"] = await loop_window(pods, args.window)

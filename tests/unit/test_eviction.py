@@ -38,6 +38,7 @@ from trio_kubelet.core.eviction import (
     evicted_status,
     eviction_grace,
     eviction_message,
+    has_storage_limits,
     is_critical_pod,
     node_reclaim_applies,
     observe,
@@ -517,7 +518,8 @@ def overruns(pods: Sequence[Pod], sample: Sample, *, dedicated: bool = False) ->
     tuple[str, str, str]
 ]:
     return [(o.pod.metadata.name, o.limit, o.message)
-            for o in storage_overruns(pods, storage_usage(sample), dedicated_image_fs=dedicated)]
+            for o in storage_overruns(pods, storage_usage(sample, {p.metadata.uid for p in pods}),
+                                     dedicated_image_fs=dedicated)]
 
 
 def test_an_empty_dir_past_its_size_limit_evicts_its_pod() -> None:
@@ -562,6 +564,13 @@ def test_critical_pods_and_pods_without_figures_are_left_alone() -> None:
     unseen = storage_pod("unseen", size_limit="1Mi")
     sample = storage_sample((pod_sample("uid-static"), 3 * MiB))
     assert overruns([static, unseen], sample) == []
+
+
+def test_only_pods_that_limit_their_storage_are_checked() -> None:
+    assert has_storage_limits(storage_pod("sized", size_limit="1Mi"))
+    assert has_storage_limits(storage_pod("limited", limits={"main": "1Gi"}))
+    assert not has_storage_limits(storage_pod("free"))
+    assert not has_storage_limits(make_pod("plain", storage_request="1Gi"))
 
 
 def test_an_unparsable_size_limit_limits_nothing() -> None:

@@ -708,13 +708,23 @@ class StorageUsage:
     containers: Mapping[str, Sequence[int]] = field(default_factory=dict)
 
 
-def storage_usage(sample: Sample) -> dict[str, StorageUsage]:
-    """Each pod's `StorageUsage` by UID; a pod the sample did not see has no entry.
+def has_storage_limits(pod: Pod) -> bool:
+    """Whether the pod limits its local storage at all: most pods do not, and are not checked."""
+    return any(v.empty_dir is not None and v.empty_dir.get("sizeLimit") is not None
+               for v in pod.spec.volumes) or any(
+        EPHEMERAL_STORAGE in c.resources.limits
+        for c in (*pod.spec.containers, *pod.spec.init_containers))
 
-    An emptyDir's figure is the volume walk's (once a minute), the rest the sampler's.
+
+def storage_usage(sample: Sample, uids: Collection[str]) -> dict[str, StorageUsage]:
+    """The `StorageUsage` of the pods ``uids`` names, by UID (none for a pod the sample
+    did not see). An emptyDir's figure is the volume walk's (once a minute), the rest
+    the sampler's.
     """
     usage = {}
     for pod in sample.pods:
+        if pod.uid not in uids:
+            continue
         volumes = sample.volumes.get(pod.uid, ())
         usage[pod.uid] = StorageUsage(
             ephemeral=_used_bytes(ephemeral_usage(pod, volumes)),

@@ -44,6 +44,7 @@ from trio_kubelet.core.eviction import (
     assess,
     choose_victim,
     dedicated_image_fs,
+    has_storage_limits,
     node_reclaim_applies,
     observe,
     parse_thresholds,
@@ -263,8 +264,10 @@ class EvictionManager:
 
     def _evict_storage_overruns(self, sample: Sample, *, dedicated: bool) -> tuple[str, ...]:
         """Evict every pod past its own local storage limits, at once (Go's grace: 1 s)."""
-        pods = self._pods.active_pods()
-        usage = storage_usage(sample)
+        pods = [p for p in self._pods.active_pods() if has_storage_limits(p)]
+        if not pods:
+            return ()
+        usage = storage_usage(sample, {p.metadata.uid for p in pods})
         overruns = storage_overruns(pods, usage, dedicated_image_fs=dedicated)
         evicted, refused = [], []
         for overrun in overruns:
