@@ -359,13 +359,9 @@ class Replayer:
         """Re-choose the evicted pod from the recorded figures and the pods' spec versions."""
         self.result.evictions += 1
         recorded = {"uid": record.uid, "message": record.message, "grace": record.grace}
-        missing = [uid for uid, seq in record.candidates.items()
-                   if (uid, seq) not in self._versions]
-        if missing:
-            self._diverge(line, missing[0],
-                          f"the spec of pod {missing[0]} is not in the recording", recorded, {})
+        pods = self._candidates(line, record.candidates, recorded)
+        if pods is None:
             return
-        pods = [self._versions[key] for key in record.candidates.items()]
         thresholds = self._thresholds(line)
         try:
             actionable = [
@@ -407,17 +403,25 @@ class Replayer:
         uid = victim.pod.metadata.uid if victim else ""
         self.result.trace.append(DecisionTrace(line, t, pod, uid, summary, diverged=diverged))
 
+    def _candidates(
+        self, line: int, candidates: dict[str, int], recorded: dict[str, Any]
+    ) -> list[Pod] | None:
+        """An eviction round's pods, by the spec versions recorded; None (a divergence)
+        when one of them is not in the recording."""
+        missing = [uid for uid, seq in candidates.items() if (uid, seq) not in self._versions]
+        if missing:
+            self._diverge(line, missing[0],
+                          f"the spec of pod {missing[0]} is not in the recording", recorded, {})
+            return None
+        return [self._versions[key] for key in candidates.items()]
+
     def _storage_eviction(self, line: int, t: float, record: StorageEvictionRecord) -> None:
         """Re-check the pods' local storage limits from the recorded figures and specs."""
         self.result.evictions += len(record.overruns) - len(record.refused)
         recorded = {"overruns": [list(row) for row in record.overruns]}
-        missing = [uid for uid, seq in record.candidates.items()
-                   if (uid, seq) not in self._versions]
-        if missing:
-            self._diverge(line, missing[0],
-                          f"the spec of pod {missing[0]} is not in the recording", recorded, {})
+        pods = self._candidates(line, record.candidates, recorded)
+        if pods is None:
             return
-        pods = [self._versions[key] for key in record.candidates.items()]
         try:
             usage = {uid: StorageUsage(**fields) for uid, fields in record.usage.items()}
         except TypeError as err:
