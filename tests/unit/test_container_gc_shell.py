@@ -215,20 +215,22 @@ class FailingRemoval:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
 
-    def _check(self, method: str, id: str) -> None:
-        if id in self.failing:
-            raise CRIError(method, StatusCode.UNKNOWN, "device or resource busy")
+    async def _burst(self, method: str, remove: Any, ids: list[str],
+                     concurrency: int) -> list[CRIError | None]:
+        answers = iter(await remove([id for id in ids if id not in self.failing],
+                                    concurrency=concurrency))
+        return [CRIError(method, StatusCode.UNKNOWN, "device or resource busy")
+                if id in self.failing else next(answers) for id in ids]
 
     async def remove_containers(self, ids: list[str], *,
                                 concurrency: int) -> list[CRIError | None]:
-        answers = iter(await self._client.remove_containers(
-            [id for id in ids if id not in self.failing], concurrency=concurrency))
-        return [CRIError("RemoveContainer", StatusCode.UNKNOWN, "device or resource busy")
-                if id in self.failing else next(answers) for id in ids]
+        return await self._burst("RemoveContainer", self._client.remove_containers, ids,
+                                 concurrency)
 
-    async def remove_pod_sandbox(self, id: str) -> None:
-        self._check("RemovePodSandbox", id)
-        await self._client.remove_pod_sandbox(id)
+    async def remove_pod_sandboxes(self, ids: list[str], *,
+                                   concurrency: int) -> list[CRIError | None]:
+        return await self._burst("RemovePodSandbox", self._client.remove_pod_sandboxes, ids,
+                                 concurrency)
 
 
 async def test_a_failed_container_removal_is_logged_and_the_pass_goes_on(

@@ -306,6 +306,17 @@ async def test_a_burst_of_removals_answers_for_each_container_in_order(tmp_path:
         assert await client.remove_containers([], concurrency=2) == []
 
 
+async def test_sandboxes_and_images_go_in_bursts_too(env: Env) -> None:
+    sandbox_id, _ = await start_pod(env.client, pod_config(), "app")
+    await env.client.stop_pod_sandbox(sandbox_id)
+    assert await env.client.remove_pod_sandboxes([sandbox_id], concurrency=2) == [None]
+    assert await env.client.list_pod_sandbox() == [] and await env.client.list_containers() == []
+    env.fake.add_image("nginx:1.25")
+    assert await env.client.remove_images(["nginx:1.25", "busybox:latest"],
+                                          concurrency=2) == [None, None]
+    assert await env.client.list_images() == []
+
+
 async def test_a_burst_against_a_missing_runtime_fails_each_call(tmp_path: Path) -> None:
     async with open_cri_client(f"unix://{tmp_path}/none.sock", timeout=1) as client:
         errors = await client.remove_containers(["a", "b"], concurrency=8)

@@ -61,14 +61,15 @@ ImageFsReader = Callable[[], Awaitable[ImageFs | None]]
 
 
 class ImageGCRuntime(Protocol):
-    """The CRI calls image GC makes (`CRIClient` has them, and so does the fake runtime)."""
+    """The CRI calls image GC makes (`CRIClient` has them)."""
 
     async def list_images(self, *, call_timeout: float | None = None) -> list[v1.Image]: ...
 
     async def list_containers_brief(self, *, call_timeout: float | None = None
                                     ) -> Sequence[Any]: ...
 
-    async def remove_image(self, ref: str, *, call_timeout: float | None = None) -> None: ...
+    async def remove_images(self, refs: Sequence[str], *,
+                            concurrency: int) -> list[CRIError | None]: ...
 
     async def image_fs_info(self, *, call_timeout: float | None = None
                             ) -> v1.ImageFsInfoResponse: ...
@@ -305,34 +306,28 @@ class ImageGC:
     async def _remove_all(
         self, records: Sequence[ImageRecord], reason: RemovalReason
     ) -> tuple[list[ImageRecord], list[str]]:
-        """Remove ``records``, ``REMOVAL_CONCURRENCY`` at a time; the removed ones in order."""
-        outcomes: dict[str, str | None] = {}  # image ID -> error message, None if removed
-        limiter = trio.CapacityLimiter(REMOVAL_CONCURRENCY)
-
-        async def remove(record: ImageRecord) -> None:
-            async with limiter:
-                outcomes[record.id] = await self._remove(record, reason)
-
-        async with trio.open_nursery() as nursery:
-            for record in records:
-                nursery.start_soon(remove, record)
-        removed = [r for r in records if outcomes.get(r.id, "") is None]
-        failures = [f"{r.id}: {outcomes[r.id]}" for r in records if outcomes.get(r.id)]
-        return removed, failures
-
-    async def _remove(self, record: ImageRecord, reason: RemovalReason) -> str | None:
-        name = record.tags[0] if record.tags else record.id
+        """Remove ``records`` in one burst, ``REMOVAL_CONCURRENCY`` at a time: the removed
+        ones in order, and a line for each failure."""
         why = "to free space" if reason == "space" else "unused for longer than imageMaximumGCAge"
-        log.info("Removing image %s (%s, %d bytes) %s", name, record.id, record.size, why)
+        for record in records:
+            name = record.tags[0] if record.tags else record.id
+            log.info("Removing image %s (%s, %d bytes) %s", name, record.id, record.size, why)
         try:
-            await self._client.remove_image(record.id)
-        except CRIError as err:
-            log.warning("Removing image %s failed: %s", record.id, err)
-            return str(err)
-        self._records.pop(record.id, None)
-        if self._metrics is not None:
-            self._metrics.image_garbage_collected.labels(reason).inc()
-        return None
+            errors = await self._client.remove_images(
+                [r.id for r in records], concurrency=REMOVAL_CONCURRENCY)
+        except CRIError as err:  # the client is closed: nothing was tried
+            errors = [err] * len(records)
+        removed, failures = [], []
+        for record, error in zip(records, errors, strict=True):
+            if error is not None:
+                log.warning("Removing image %s failed: %s", record.id, error)
+                failures.append(f"{record.id}: {error}")
+                continue
+            self._records.pop(record.id, None)
+            if self._metrics is not None:
+                self._metrics.image_garbage_collected.labels(reason).inc()
+            removed.append(record)
+        return removed, failures
 
     async def _read_image_fs(self) -> ImageFs:
         try:

@@ -12,10 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import trio
 
@@ -55,7 +54,6 @@ REMOVAL_CONCURRENCY = 8
 # Grace for a container in an unknown state, stopped before it is removed (it may run).
 UNKNOWN_STOP_GRACE = 2
 _SOURCES_POLL = 1.0
-_T = TypeVar("_T")
 
 _CONTAINER_STATES: dict[int, ContainerState] = {
     upb.CONTAINER_CREATED: ContainerState.CREATED,
@@ -152,7 +150,7 @@ class ContainerGC:
             result = GCResult(dead=plan.dead)
             with_sandbox, alone = _by_sandbox(plan)
             await self._remove_containers(alone, result)
-            await _each(plan.sandboxes, lambda s: self._remove_sandbox(s, with_sandbox, result))
+            await self._remove_sandboxes(plan.sandboxes, with_sandbox, result)
             self._remove_log_dirs(plan.log_dirs, result)
             await self._sweep_pod_cgroups(in_runtime, result)
             result.duration = trio.current_time() - started
@@ -238,14 +236,11 @@ class ContainerGC:
         """RemoveContainer each; one in an unknown state is stopped first (it may run)."""
         unknown = [c for c in containers if c.state is ContainerState.UNKNOWN]
         exited = [c for c in containers if c.state is not ContainerState.UNKNOWN]
-        try:
-            errors = await self._client.remove_containers(
-                [c.id for c in exited], concurrency=REMOVAL_CONCURRENCY)
-        except CRIError as err:  # the client is closed: nothing was tried
-            errors = [err] * len(exited)
+        errors = await self._burst(self._client.remove_containers, [c.id for c in exited])
         for container, error in zip(exited, errors, strict=True):
             self._after_removal(container, error, result)
-        await _each(unknown, lambda c: self._stop_and_remove(c, result))
+        for container in unknown:  # rare: one at a time
+            await self._stop_and_remove(container, result)
 
     async def _stop_and_remove(self, container: GCContainer, result: GCResult) -> None:
         error: CRIError | None = None
@@ -273,27 +268,40 @@ class ContainerGC:
             return
         self._removed(container, result)
 
-    async def _remove_sandbox(
-        self, sandbox: GCSandbox, with_sandbox: dict[str, list[GCContainer]], result: GCResult
+    async def _remove_sandboxes(
+        self,
+        sandboxes: Sequence[GCSandbox],
+        with_sandbox: dict[str, list[GCContainer]],
+        result: GCResult,
     ) -> None:
-        """RemovePodSandbox, which takes the sandbox's containers with it (CRI says so):
-        one call instead of one per container."""
-        if sandbox.id in result.blocked_sandboxes:
-            return  # removing it would take the container that could not be removed
+        """RemovePodSandbox, which takes a sandbox's containers with it (CRI says so):
+        one call instead of one per container. A sandbox holding a container that
+        could not be removed stays."""
+        going = [s for s in sandboxes if s.id not in result.blocked_sandboxes]
+        errors = await self._burst(self._client.remove_pod_sandboxes, [s.id for s in going])
+        for sandbox, error in zip(going, errors, strict=True):
+            if error is not None and not isinstance(error, CRINotFound):
+                log.warning("Container GC: removing sandbox %s of pod %s failed: %s",
+                            sandbox.id[:13], sandbox.pod_uid, error)
+                result.failed += 1
+                result.unfinished_pods.add(sandbox.pod_uid)
+                continue
+            log.debug("Container GC: removed sandbox %s of pod %s", sandbox.id[:13],
+                      sandbox.pod_uid)
+            result.sandboxes += 1
+            for container in with_sandbox.get(sandbox.id, ()):
+                self._removed(container, result)
+
+    @staticmethod
+    async def _burst(
+        remove: Callable[..., Awaitable[list[CRIError | None]]], ids: list[str]
+    ) -> list[CRIError | None]:
+        """``remove`` (a client burst call) of ``ids``, ``REMOVAL_CONCURRENCY`` at a time:
+        each one's error or None."""
         try:
-            await self._client.remove_pod_sandbox(sandbox.id)
-        except CRINotFound:
-            pass
-        except CRIError as err:
-            log.warning("Container GC: removing sandbox %s of pod %s failed: %s",
-                        sandbox.id[:13], sandbox.pod_uid, err)
-            result.failed += 1
-            result.unfinished_pods.add(sandbox.pod_uid)
-            return
-        log.debug("Container GC: removed sandbox %s of pod %s", sandbox.id[:13], sandbox.pod_uid)
-        result.sandboxes += 1
-        for container in with_sandbox.get(sandbox.id, ()):
-            self._removed(container, result)
+            return await remove(ids, concurrency=REMOVAL_CONCURRENCY)
+        except CRIError as err:  # the client is closed: nothing was tried
+            return [err] * len(ids)
 
     def _removed(self, container: GCContainer, result: GCResult) -> None:
         """Count a removed container and remove its log file, which the runtime leaves."""
@@ -354,19 +362,6 @@ class ContainerGC:
                 result.failed += 1
             else:
                 result.cgroups += 1
-
-
-async def _each(items: Iterable[_T], remove: Callable[[_T], Awaitable[None]]) -> None:
-    """``remove`` every item, ``REMOVAL_CONCURRENCY`` at a time: the round trips overlap."""
-    limiter = trio.CapacityLimiter(REMOVAL_CONCURRENCY)
-
-    async def one(item: _T) -> None:
-        async with limiter:
-            await remove(item)
-
-    async with trio.open_nursery() as nursery:
-        for item in items:
-            nursery.start_soon(one, item)
 
 
 def _by_sandbox(plan: GCPlan) -> tuple[dict[str, list[GCContainer]], list[GCContainer]]:

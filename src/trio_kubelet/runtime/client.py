@@ -4,10 +4,12 @@ This is the only module of the agent that knows about grpclib and trio-asyncio.
 Callers get betterproto2 messages (or plain values) back and `CRIError`
 subclasses on failure; deadlines, reconnects and recording hooks live here.
 
-Bursts of one call (container GC's thousands of RemoveContainer) run instead on a
-private asyncio loop in a worker thread (`remove_containers`): through trio-asyncio
-each asyncio callback is a step of the trio scheduler, which makes a burst of 1,800
-calls ~40 % dearer in CPU (bench/bench_container_gc.py, docs/runtime.md).
+Bursts of one call (the GC passes' removals: a crash-looping node can owe thousands)
+run instead on a private asyncio loop in a worker thread (``remove_*s``): through
+trio-asyncio each asyncio callback is a step of the trio scheduler, which makes a burst
+of 1,800 calls ~40 % dearer in CPU (bench/bench_container_gc.py, docs/runtime.md).
+Under trio's MockClock (a virtual clock cannot see a thread working) they stay on the
+client's own loop.
 
 The PLEG relist's two list calls have a second form, ``*_brief``, that decodes
 the reply into upb-backed protobuf messages (``cri_upb``) instead: same RPC,
@@ -29,6 +31,7 @@ import grpclib.client
 import grpclib.exceptions
 import outcome
 import trio
+import trio.testing
 import trio_asyncio
 from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
@@ -163,7 +166,7 @@ class CRIClient:
         return response
 
     async def _burst(self, method: str, requests: Sequence[Any],
-                     send: Callable[[v1.RuntimeServiceStub, Any, float], Coroutine[Any, Any, Any]],
+                     send: Callable[[_Stubs, Any, float], Coroutine[Any, Any, Any]],
                      concurrency: int) -> list[CRIError | None]:
         """``send`` every request, ``concurrency`` at a time, on a private loop and connection.
 
@@ -178,15 +181,14 @@ class CRIClient:
         path, deadline = self.path, self.timeout
 
         async def calls() -> list[tuple[Any, float]]:
-            channel = grpclib.client.Channel(path=path)
-            stub = v1.RuntimeServiceStub(channel)
+            stubs = _Stubs(grpclib.client.Channel(path=path))
             limit = asyncio.Semaphore(concurrency)
 
             async def one(request: Any) -> tuple[Any, float]:
                 async with limit:
                     start = time.monotonic()
                     try:
-                        answer = await send(stub, request, deadline)
+                        answer = await send(stubs, request, deadline)
                     except _CALL_ERRORS as exc:
                         answer = exc
                     return answer, time.monotonic() - start
@@ -194,10 +196,16 @@ class CRIClient:
             try:
                 return await asyncio.gather(*(one(request) for request in requests))
             finally:
-                channel.close()
+                stubs.channel.close()
 
+        if isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
+            # A worker thread is invisible to a virtual clock, which would jump ahead while
+            # the burst runs: under one, the burst stays on the client's loop.
+            answers = await self._loop.run_aio_coroutine(calls())
+        else:
+            answers = await _on_private_loop(calls)
         errors: list[CRIError | None] = []
-        for request, (answer, took) in zip(requests, await _on_private_loop(calls), strict=True):
+        for request, (answer, took) in zip(requests, answers, strict=True):
             error = self._error(method, answer, deadline) if isinstance(
                 answer, BaseException) else None
             self._observe(method, request, error or answer, took)
@@ -280,6 +288,14 @@ class CRIClient:
                          lambda s, t: s.runtime.remove_pod_sandbox(request, timeout=t),
                          self._deadline(call_timeout))
 
+    async def remove_pod_sandboxes(self, ids: Sequence[str], *,
+                                   concurrency: int) -> list[CRIError | None]:
+        """RemovePodSandbox for each of ``ids`` as one burst, like `remove_containers`."""
+        requests = [v1.RemovePodSandboxRequest(pod_sandbox_id=id) for id in ids]
+        return await self._burst(
+            "RemovePodSandbox", requests,
+            lambda s, request, t: s.runtime.remove_pod_sandbox(request, timeout=t), concurrency)
+
     async def pod_sandbox_status(self, id: str, *, verbose: bool = False,
                                  call_timeout: float | None = None
                                  ) -> v1.PodSandboxStatusResponse:
@@ -352,7 +368,7 @@ class CRIClient:
         requests = [v1.RemoveContainerRequest(container_id=id) for id in ids]
         return await self._burst(
             "RemoveContainer", requests,
-            lambda stub, request, t: stub.remove_container(request, timeout=t), concurrency)
+            lambda s, request, t: s.runtime.remove_container(request, timeout=t), concurrency)
 
     async def list_containers(self, filter: v1.ContainerFilter | None = None, *,
                               call_timeout: float | None = None) -> list[v1.Container]:
@@ -513,6 +529,14 @@ class CRIClient:
         await self._call("RemoveImage", request,
                          lambda s, t: s.images.remove_image(request, timeout=t),
                          self._deadline(call_timeout))
+
+    async def remove_images(self, refs: Sequence[str], *,
+                            concurrency: int) -> list[CRIError | None]:
+        """RemoveImage for each of ``refs`` as one burst, like `remove_containers`."""
+        requests = [v1.RemoveImageRequest(image=v1.ImageSpec(image=ref)) for ref in refs]
+        return await self._burst(
+            "RemoveImage", requests,
+            lambda s, request, t: s.images.remove_image(request, timeout=t), concurrency)
 
     async def image_fs_info(self, *,
                             call_timeout: float | None = None) -> v1.ImageFsInfoResponse:
