@@ -441,7 +441,8 @@ async def run_agent(
                 allowed_unsafe_sysctls=config.allowed_unsafe_sysctls,
             )
             loops.append(loop)
-            volume_stats = VolumeStats(options.root_dir / "pods")
+            volume_stats = VolumeStats(options.root_dir / "pods",
+                                       period=config.volume_stats_agg_period)
             sampler = Sampler(
                 root_fs=options.root_dir if options.root_dir.exists() else Path("/"),
                 pod_logs_dir=Path(config.pod_logs_dir),

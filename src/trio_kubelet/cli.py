@@ -49,11 +49,15 @@ class _Parser(argparse.ArgumentParser):
 # --- flag value parsers (each error message is what follows "--flag: ") ----------------------
 
 
-def _duration(text: str) -> float:
+def _signed_duration(text: str) -> float:
     try:
-        seconds = parse_duration(text)
+        return parse_duration(text)
     except DurationError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _duration(text: str) -> float:
+    seconds = _signed_duration(text)
     if seconds < 0:
         raise argparse.ArgumentTypeError(f"must not be negative (got {json.dumps(text)})")
     return seconds
@@ -373,6 +377,13 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
     ConfigFlag("--cgroup-root", "cgroupRoot", str, "root cgroup for pods", "CGROUP"),
     ConfigFlag("--cgroups-per-qos", "cgroupsPerQOS", _bool, "create the QoS cgroup hierarchy"),
     ConfigFlag("--pod-logs-dir", "podLogsDir", str, "directory of container logs", "DIR"),
+    ConfigFlag(
+        "--volume-stats-agg-period",
+        "volumeStatsAggPeriod",
+        _signed_duration,
+        "how often pod volumes' disk use is measured; negative (as --flag=-1s) never",
+        "DURATION",
+    ),
     ConfigFlag("--feature-gates", "featureGates", _feature_gates, "Name=true|false,...", "GATES"),
     ConfigFlag(
         "--eviction-hard",

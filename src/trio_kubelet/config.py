@@ -87,7 +87,7 @@ GO_ONLY_FIELDS = _words(
     serverTLSBootstrap imagePullCredentialsVerificationPolicy
     preloadedImagesVerificationAllowlist eventRecordQPS eventBurst enableDebuggingHandlers
     enableContentionProfiling oomScoreAdj
-    volumeStatsAggPeriod kubeletCgroups systemCgroups cpuManagerPolicy
+    kubeletCgroups systemCgroups cpuManagerPolicy
     cpuManagerPolicyOptions singleProcessOOMKill cpuManagerReconcilePeriod
     memoryManagerPolicy topologyManagerPolicy topologyManagerScope
     topologyManagerPolicyOptions qosReserved hairpinMode podCIDR
@@ -116,7 +116,7 @@ class ConfigError(Exception):
 # --- field types ---------------------------------------------------------------------------
 
 
-def _duration(value: Any, info: ValidationInfo) -> float:
+def _signed_duration(value: Any, info: ValidationInfo) -> float:
     wire = bool(info.context and info.context.get(_WIRE))
     if isinstance(value, str):
         try:
@@ -128,6 +128,11 @@ def _duration(value: Any, info: ValidationInfo) -> float:
     else:
         shown = json.dumps(value) if isinstance(value, int | float | bool) else type(value).__name__
         raise ValueError(f'invalid duration {shown}: expected a string such as "20s" or "1m30s"')
+    return seconds
+
+
+def _duration(value: Any, info: ValidationInfo) -> float:
+    seconds = _signed_duration(value, info)
     if seconds < 0:
         raise ValueError(f"must not be negative (got {format_duration(seconds)})")
     return seconds
@@ -139,6 +144,13 @@ Duration = Annotated[
     PlainSerializer(format_duration, return_type=str, when_used="json"),
 ]
 """Seconds in Python, a Go duration string on the wire."""
+
+SignedDuration = Annotated[
+    float,
+    BeforeValidator(_signed_duration),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+]
+"""A `Duration` that may be negative (where Go gives a negative one a meaning)."""
 
 
 def _range(low: int, high: int) -> BeforeValidator:
@@ -354,7 +366,7 @@ class KubeletConfiguration(_ConfigModel):
         podLogsDir maxPods nodeStatusUpdateFrequency nodeStatusReportFrequency
         nodeLeaseDurationSeconds imageMinimumGCAge evictionPressureTransitionPeriod
         cgroupDriver kubeAPIBurst containerLogMaxSize containerRuntimeEndpoint
-        healthzBindAddress"""
+        healthzBindAddress volumeStatsAggPeriod"""
     )
 
     api_version: Literal["kubelet.config.k8s.io/v1beta1"] = "kubelet.config.k8s.io/v1beta1"
@@ -393,6 +405,9 @@ class KubeletConfiguration(_ConfigModel):
     tls_private_key_file: str = ""
     authentication: KubeletAuthentication = Field(default_factory=KubeletAuthentication)
     authorization: KubeletAuthorization = Field(default_factory=KubeletAuthorization)
+
+    # How often pod volumes' disk use is measured (du-like walks); negative: never.
+    volume_stats_agg_period: SignedDuration = 60.0
 
     # Cluster and node status.
     cluster_domain: str = ""

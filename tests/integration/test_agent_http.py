@@ -81,13 +81,11 @@ async def test_summary_reports_pod_volumes_and_counts_an_empty_dir_as_ephemeral_
     containerd, tmp_path, monkeypatch
 ):
     from trio_kubelet import agent as agent_module
-    from trio_kubelet.sources import volume_stats
 
     monkeypatch.setattr(agent_module, "HOUSEKEEPING_INTERVAL", 1.0)
-    monkeypatch.setattr(volume_stats, "VOLUME_STATS_PERIOD", 1.0)
     port = free_port()
     flags = ("--address", "127.0.0.1", "--port", str(port), "--authorization-mode",
-             "AlwaysAllow", "--anonymous-auth=true")
+             "AlwaysAllow", "--anonymous-auth=true", "--volume-stats-agg-period", "1s")
     async with running_agent(containerd.endpoint, tmp_path, *flags) as agent:
         agent.write("scratch.yaml", """\
 apiVersion: v1

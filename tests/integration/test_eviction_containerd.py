@@ -24,7 +24,6 @@ from trio_kubelet import agent as agent_module
 from trio_kubelet.events import PodSetUpdate
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.node.machine import read_machine_facts
-from trio_kubelet.sources import volume_stats
 from trio_kubelet.sources.sampler import CgroupRoots, read_cgroup, read_machine_info
 
 pytestmark = pytest.mark.integration
@@ -227,9 +226,7 @@ def storage_pod(name: str, command: str, *, size_limit: str | None = None,
 
 async def test_pods_past_their_own_local_storage_limits_are_evicted_and_others_kept(
     containerd, tmp_path: Path, cgroup_root: str,  # type: ignore[no-untyped-def]
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(volume_stats, "VOLUME_STATS_PERIOD", 1.0)
     write = "dd if=/dev/zero of={} bs=1M count={} 2>/dev/null; sleep 3600"
     # 3 MiB into an emptyDir of 1Mi; 3 MiB into the writable layer past a 2Mi limit; and
     # 3 MiB into an emptyDir of 64Mi under a 256Mi limit, which is within both.
@@ -238,7 +235,8 @@ async def test_pods_past_their_own_local_storage_limits_are_evicted_and_others_k
     calm = storage_pod("calm", write.format("/scratch/fill", 3), size_limit="64Mi",
                        storage_limit="256Mi")
     async with running_agent(containerd.endpoint, tmp_path, "--cgroup-root", cgroup_root,
-                             "--eviction-hard", "memory.available<1Mi") as agent:
+                             "--eviction-hard", "memory.available<1Mi",
+                             "--volume-stats-agg-period", "1s") as agent:
         agent.loop.handle(PodSetUpdate(source="api", pods=[scratch, layer, calm]))
 
         gone = await wait_for(agent, scratch, evicted, timeout=90)

@@ -690,3 +690,18 @@ def test_go_only_flags_are_accepted_and_named_in_a_warning(
         "Go kubelet flag(s) not implemented by trio-kubelet, ignored: --fail-swap-on, "
         "--kubelet-cgroups, --logtostderr, --pod-infra-container-image"
     ]
+
+
+def test_volume_stats_agg_period_defaults_like_go_and_may_switch_the_walks_off(
+    tmp_path: Path, fake_agent: list[AgentOptions]
+) -> None:
+    assert KubeletConfiguration().volume_stats_agg_period == 60
+    assert load_config_file(write_config(tmp_path, "volumeStatsAggPeriod: 0s\n")
+                            ).volume_stats_agg_period == 60, "Go's zero means the default"
+    assert load_config_file(write_config(tmp_path, "volumeStatsAggPeriod: -1s\n")
+                            ).volume_stats_agg_period == -1
+    with pytest.raises(ConfigError, match="volumeStatsAggPeriod"):
+        load_config_file(write_config(tmp_path, "volumeStatsAggPeriod: often\n"))
+    for value, seconds in (("-1s", -1), ("2m", 120)):
+        assert cli.main(["run", f"--volume-stats-agg-period={value}"]) == 0
+        assert fake_agent.pop().config.volume_stats_agg_period == seconds

@@ -60,3 +60,11 @@ async def test_the_task_measures_at_start_and_every_period(tmp_path: Path) -> No
         nursery.cancel_scope.cancel()
     (volume,) = stats.latest()[UID]
     assert volume.name == "x" and volume.ephemeral
+
+
+async def test_a_negative_period_switches_the_walks_off(tmp_path: Path) -> None:
+    write(tmp_path / UID / "volumes" / "kubernetes.io~empty-dir" / "x" / "f", 4096)
+    stats = VolumeStats(tmp_path, period=-1)
+    with trio.fail_after(5):
+        await stats.run()  # returns at once instead of looping
+    assert stats.latest() == {}

@@ -121,8 +121,15 @@ class VolumeStats:
         self._latest = MappingProxyType(found)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """A pass now and then every period; a failed pass is logged and the next one tried."""
+        """A pass now and then every period; a failed pass is logged and the next one tried.
+
+        A period of zero or less (Go's negative volumeStatsAggPeriod) switches the walks off:
+        no pass, and no volume figures.
+        """
         task_status.started()
+        if self._period <= 0:
+            log.info("Pod volume stats are off (volumeStatsAggPeriod %ss)", self._period)
+            return
         while True:
             try:
                 await self.measure()
