@@ -320,8 +320,11 @@ async def test_sandboxes_and_images_go_in_bursts_too(env: Env) -> None:
 async def test_a_burst_against_a_missing_runtime_fails_each_call(tmp_path: Path) -> None:
     async with open_cri_client(f"unix://{tmp_path}/none.sock", timeout=1) as client:
         errors = await client.remove_containers(["a", "b"], concurrency=8)
-    assert [type(e) for e in errors] == [CRIUnavailable, CRIUnavailable]
-    assert "none.sock" in str(errors[0])
+        assert [type(e) for e in errors] == [CRIUnavailable, CRIUnavailable]
+        assert "none.sock" in str(errors[0])
+        await client.aclose()
+        (closed,) = await client.remove_images(["busybox"], concurrency=8)
+        assert isinstance(closed, CRIUnavailable) and "closed" in str(closed)
 
 
 async def test_cancelling_a_burst_stops_it_and_the_client_goes_on(env: Env) -> None:

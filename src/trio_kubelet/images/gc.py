@@ -312,11 +312,8 @@ class ImageGC:
         for record in records:
             name = record.tags[0] if record.tags else record.id
             log.info("Removing image %s (%s, %d bytes) %s", name, record.id, record.size, why)
-        try:
-            errors = await self._client.remove_images(
-                [r.id for r in records], concurrency=REMOVAL_CONCURRENCY)
-        except CRIError as err:  # the client is closed: nothing was tried
-            errors = [err] * len(records)
+        errors = await self._client.remove_images(
+            [r.id for r in records], concurrency=REMOVAL_CONCURRENCY)
         removed, failures = [], []
         for record, error in zip(records, errors, strict=True):
             if error is not None:

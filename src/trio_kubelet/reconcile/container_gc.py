@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -236,7 +236,8 @@ class ContainerGC:
         """RemoveContainer each; one in an unknown state is stopped first (it may run)."""
         unknown = [c for c in containers if c.state is ContainerState.UNKNOWN]
         exited = [c for c in containers if c.state is not ContainerState.UNKNOWN]
-        errors = await self._burst(self._client.remove_containers, [c.id for c in exited])
+        errors = await self._client.remove_containers(
+            [c.id for c in exited], concurrency=REMOVAL_CONCURRENCY)
         for container, error in zip(exited, errors, strict=True):
             self._after_removal(container, error, result)
         for container in unknown:  # rare: one at a time
@@ -278,7 +279,8 @@ class ContainerGC:
         one call instead of one per container. A sandbox holding a container that
         could not be removed stays."""
         going = [s for s in sandboxes if s.id not in result.blocked_sandboxes]
-        errors = await self._burst(self._client.remove_pod_sandboxes, [s.id for s in going])
+        errors = await self._client.remove_pod_sandboxes(
+            [s.id for s in going], concurrency=REMOVAL_CONCURRENCY)
         for sandbox, error in zip(going, errors, strict=True):
             if error is not None and not isinstance(error, CRINotFound):
                 log.warning("Container GC: removing sandbox %s of pod %s failed: %s",
@@ -291,17 +293,6 @@ class ContainerGC:
             result.sandboxes += 1
             for container in with_sandbox.get(sandbox.id, ()):
                 self._removed(container, result)
-
-    @staticmethod
-    async def _burst(
-        remove: Callable[..., Awaitable[list[CRIError | None]]], ids: list[str]
-    ) -> list[CRIError | None]:
-        """``remove`` (a client burst call) of ``ids``, ``REMOVAL_CONCURRENCY`` at a time:
-        each one's error or None."""
-        try:
-            return await remove(ids, concurrency=REMOVAL_CONCURRENCY)
-        except CRIError as err:  # the client is closed: nothing was tried
-            return [err] * len(ids)
 
     def _removed(self, container: GCContainer, result: GCResult) -> None:
         """Count a removed container and remove its log file, which the runtime leaves."""

@@ -170,12 +170,13 @@ class CRIClient:
                      concurrency: int) -> list[CRIError | None]:
         """``send`` every request, ``concurrency`` at a time, on a private loop and connection.
 
-        Returns each call's error (or None), in order; every call is observed as one
-        made through `_call` would be. The connection is the burst's own: a failure on
-        it leaves the client's channel alone.
+        Returns each call's error (or None), in order, and never raises one; every call
+        is observed as one made through `_call` would be. The connection is the burst's
+        own: a failure on it leaves the client's channel alone.
         """
         if self._closed:
-            raise CRIUnavailable(method, StatusCode.UNAVAILABLE, "the CRI client is closed")
+            closed = CRIUnavailable(method, StatusCode.UNAVAILABLE, "the CRI client is closed")
+            return [closed] * len(requests)
         if not requests:
             return []
         path, deadline = self.path, self.timeout
