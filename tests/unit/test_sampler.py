@@ -464,12 +464,26 @@ def test_locator_finds_cgroups_outside_the_default_parent(cgroups: FakeCgroups) 
     os.rename(cgroups.root / "memory/system.slice/cri-containerd-x.slice/fed",
               cgroups.root / "memory/system.slice/cri-containerd-x.slice/cri-containerd-fed.scope")
     locator = CgroupLocator(cgroups.root, rediscover_after=60)
-    found = locator.locate(["abc", "def", "fed", "nope"], now=0.0)
+    found = locator.locate({"abc": "uid-0", "def": "uid-1", "fed": "uid-2", "nope": "uid-3"},
+                           now=0.0)
     assert found == {
         "abc": "/k8s.io/abc",
         "def": "/kubepods/burstable/poduid-1/def",
         "fed": "/system.slice/cri-containerd-x.slice/cri-containerd-fed.scope",
     }
     cgroups.container("nope", parent="/elsewhere")
-    assert "nope" not in locator.locate(["nope"], now=30.0), "no second walk within a minute"
-    assert locator.locate(["nope"], now=61.0) == {"nope": "/elsewhere/nope"}
+    assert "nope" not in locator.locate({"nope": "uid-3"}, now=30.0), "no second walk in a minute"
+    assert locator.locate({"nope": "uid-3"}, now=61.0) == {"nope": "/elsewhere/nope"}
+
+
+def test_locator_looks_for_a_new_pod_cgroup_every_tick_without_walking(
+    cgroups: FakeCgroups
+) -> None:
+    locator = CgroupLocator(cgroups.root, rediscover_after=60)
+    pods = {"late": "uid-9", "moved": "uid-7"}
+    assert locator.locate(pods, now=0.0) == {}  # walked once: neither is there yet
+    cgroups.container("late", parent="/kubepods/besteffort/poduid-9")
+    cgroups.container("moved", parent="/kubepods/besteffort/poduid-8")
+    # Within the minute: found by the pod UID's places, no walk (which would find "moved").
+    assert locator.locate(pods, now=1.0) == {
+        "late": "/kubepods/besteffort/poduid-9/late"}

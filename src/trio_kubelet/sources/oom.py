@@ -261,12 +261,12 @@ class OOMWatcher:
 
     async def _apply(self, pods: Mapping[str, RuntimePodStatus], nursery: trio.Nursery) -> None:
         known: dict[str, _Identity] = {}
-        running: list[str] = []
+        running: dict[str, str] = {}  # container id -> its pod's UID
         for pod in pods.values():
             for c in pod.containers:
                 known[c.id] = _Identity(pod.uid, pod.name, pod.namespace, c.name)
                 if c.state is ContainerState.RUNNING:
-                    running.append(c.id)
+                    running[c.id] = pod.uid
         self._known = known
         self._forget(known.keys())
         unresolved, self._unresolved = self._unresolved, []
@@ -276,8 +276,8 @@ class OOMWatcher:
             else:  # not a container of ours (a system service, another runtime)
                 self._kmsg.pop(kill.container_id, None)
         now = trio.current_time()
-        # Locating is a stat per new container, but a cgroupspy walk (tens of ms) for one
-        # outside the default parent: off the event loop unless told otherwise (tests).
+        # Locating is a few stats per new container, but a cgroupspy walk (tens of ms) for
+        # one outside the usual places: off the event loop unless told otherwise (tests).
         if self._offload:
             cgroups = await trio.to_thread.run_sync(self._locator.locate, running, now)
         else:

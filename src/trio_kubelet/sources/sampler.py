@@ -12,7 +12,6 @@ reconciler as a `NodeStatsSampled` event.
 
 from __future__ import annotations
 
-import glob
 import logging
 import math
 import os
@@ -26,6 +25,7 @@ import trio
 from cgroupspy.trees import Tree
 from pydantic import BaseModel, ConfigDict
 
+from trio_kubelet.core.pod_cgroups import POD_PREFIX, QOS_CGROUPS
 from trio_kubelet.core.stats import (
     CgroupFigures,
     ContainerReading,
@@ -331,10 +331,11 @@ class CgroupLocator:
     """A container's cgroup path relative to the controllers' roots, cached per id.
 
     containerd puts a container with an empty ``cgroup_parent`` at
-    ``/k8s.io/<id>``; anything else (a pod cgroup parent, the systemd driver's
-    ``…/cri-containerd-<id>.scope``) is found by one cgroupspy walk of the
-    memory hierarchy, at most every ``rediscover_after`` seconds per id, since
-    a walk costs tens of milliseconds.
+    ``/k8s.io/<id>``, and one in a pod cgroup (cgroupsPerQOS, cgroupfs driver) at
+    ``/kubepods[/<tier>]/pod<uid>/<id>``: both are a few stat calls, tried each tick
+    until found. Anything else (the systemd driver's ``…/cri-containerd-<id>.scope``)
+    is found by one cgroupspy walk of the memory hierarchy, at most every
+    ``rediscover_after`` seconds per id, since a walk costs tens of milliseconds.
     """
 
     def __init__(
@@ -351,17 +352,18 @@ class CgroupLocator:
         self._known: dict[str, str] = {}
         self._searched: dict[str, float] = {}
 
-    def locate(self, ids: Iterable[str], now: float) -> dict[str, str]:
-        """The cgroup of each of ``ids`` that has one; forgets ids not asked for."""
-        wanted = set(ids)
-        self._known = {i: p for i, p in self._known.items() if i in wanted}
-        self._searched = {i: t for i, t in self._searched.items() if i in wanted}
+    def locate(self, pods: Mapping[str, str], now: float) -> dict[str, str]:
+        """The cgroup of each container id of ``pods`` (id -> its pod's UID) that has one;
+        forgets ids not asked for."""
+        self._known = {i: p for i, p in self._known.items() if i in pods}
+        self._searched = {i: t for i, t in self._searched.items() if i in pods}
         due: set[str] = set()
-        for id in wanted - self._known.keys():
-            default = f"{self._parent}/{id}"
-            if os.path.isdir(self._memory + os.fsencode(default)):
-                self._known[id] = default
-            elif found := self._in_pod_cgroup(id):
+        for id, uid in pods.items():
+            if id in self._known:
+                continue
+            found = next((path for path in self._usual_places(id, uid)
+                          if os.path.isdir(self._memory + os.fsencode(path))), None)
+            if found is not None:
                 self._known[id] = found
             elif now - self._searched.get(id, -math.inf) >= self._rediscover_after:
                 due.add(id)
@@ -370,13 +372,13 @@ class CgroupLocator:
             self._searched.update(dict.fromkeys(due - self._known.keys(), now))
         return dict(self._known)
 
-    def _in_pod_cgroup(self, id: str) -> str:
-        """``/kubepods[/<tier>]/pod<uid>/<id>`` (cgroupsPerQOS, cgroupfs driver), or ""."""
-        memory = os.fsdecode(self._memory)
-        for pattern in (f"kubepods/pod*/{id}", f"kubepods/*/pod*/{id}"):
-            for match in glob.glob(os.path.join(memory, pattern)):
-                return "/" + os.path.relpath(match, memory)
-        return ""
+    def _usual_places(self, id: str, uid: str) -> list[str]:
+        """The default parent, then the pod cgroup in each QoS tier."""
+        places = [f"{self._parent}/{id}"]
+        if uid:
+            places += ["/" + "/".join((*tier, POD_PREFIX + uid, id))
+                       for tier in QOS_CGROUPS.values()]
+        return places
 
     def _discover(self, ids: set[str]) -> dict[str, str]:
         found: dict[str, str] = {}
@@ -629,7 +631,7 @@ class Sampler:
         now: float,
     ) -> tuple[NodeReading, list[ContainerReading]]:
         """Every file read of a tick (run in a worker thread)."""
-        cgroups = self._locator.locate((r.id for r in refs), now)
+        cgroups = self._locator.locate({r.id: r.pod_uid for r in refs}, now)
         readings: list[ContainerReading] = []
         for ref in refs:
             path = cgroups.get(ref.id, "")
