@@ -296,7 +296,7 @@ async def test_an_eviction_replays_from_its_record(
 ) -> None:
     """The manager's choice over the loop's real pods is recorded; replay re-chooses it."""
     from tests.unit.test_eviction import MiB, make_sample, pod_sample
-    from trio_kubelet.replay.records import EvictionRecord
+    from trio_kubelet.replay.records import AssessRecord, EvictionRecord
     from trio_kubelet.resources.eviction import EvictionConfig, EvictionManager
 
     config = KubeletConfiguration.model_validate({"evictionHard": {"memory.available": "500Mi"}})
@@ -335,6 +335,23 @@ async def test_an_eviction_replays_from_its_record(
     diverged = replay([header, *records])
     assert diverged.divergence is not None
     assert diverged.divergence.reason == "the replayed eviction differs from the recorded one"
+
+    # The round's verdict is recorded too, with the state it began with, and re-decided.
+    (verdict,) = [r for r in recorder.records if isinstance(r, AssessRecord)]
+    assert verdict.conditions == ["MemoryPressure"] and verdict.first_observed == []
+    assert verdict.actionable == [("memory.available", True)]
+    assert [line.summary for line in result.trace if line.pod == "(node)"] == [
+        "pressure: MemoryPressure; act on memory.available"]
+    # Figures with room to spare cannot have met the threshold.
+    plenty = {**verdict.observations, "memory.available": (
+        3000 * MiB, *verdict.observations["memory.available"][1:])}
+    tampered_verdict = verdict.model_copy(update={"observations": plenty})
+    records = [tampered_verdict if r is verdict else r for r in recorder.records]
+    diverged = replay([header, *records])
+    assert diverged.divergence is not None
+    assert diverged.divergence.reason == (
+        "the replayed eviction verdict differs from the recorded one")
+    assert replay_through_file(recorder.records, tmp_path, config.to_wire()).ok
 
 
 async def test_a_local_storage_eviction_replays_from_its_record(

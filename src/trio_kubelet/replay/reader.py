@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from trio_kubelet.replay.records import (
     FORMAT_VERSION,
     AdmissionRecord,
+    AssessRecord,
     ContainerGCRecord,
     CRIRecord,
     DecisionRecord,
@@ -45,6 +46,7 @@ _MODELS: dict[str, type[BaseModel]] = {
     "decision": DecisionRecord,
     "admission": AdmissionRecord,
     "eviction": EvictionRecord,
+    "assess": AssessRecord,
     "storage_eviction": StorageEvictionRecord,
     "container_gc": ContainerGCRecord,
     "image_gc": ImageGCRecord,

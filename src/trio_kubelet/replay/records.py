@@ -129,6 +129,27 @@ class EvictionRecord(_Record):
     grace: int | None = None
 
 
+class AssessRecord(_Record):
+    """An eviction round whose verdict mattered (the node's conditions changed, or a
+    threshold was actionable): the inputs and the verdict of ``core.eviction.assess``.
+
+    Thresholds are named [signal, hard], as the recording's configuration defines them;
+    observations map a signal to [available, capacity, time]. ``first_observed``,
+    ``condition_seen``, ``met`` and ``last_observations`` are the state the round began
+    with; ``conditions`` and ``actionable`` (most urgent first) what it decided.
+    """
+
+    kind: Literal["assess"] = "assess"
+    now: float
+    observations: dict[str, tuple[int, int, float]]
+    first_observed: list[tuple[str, bool, float]]
+    condition_seen: dict[str, float]
+    met: list[tuple[str, bool]]
+    last_observations: dict[str, tuple[int, int, float]]
+    conditions: list[str]
+    actionable: list[tuple[str, bool]]
+
+
 class StorageEvictionRecord(_Record):
     """A round that found pods past their own local storage limits: the inputs of
     ``core.eviction.storage_overruns`` and what it found.
@@ -242,6 +263,7 @@ Record = Annotated[
     | DecisionRecord
     | AdmissionRecord
     | EvictionRecord
+    | AssessRecord
     | StorageEvictionRecord
     | ContainerGCRecord
     | ImageGCRecord

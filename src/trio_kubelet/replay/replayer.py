@@ -37,10 +37,12 @@ from trio_kubelet.core.backoff import (
 )
 from trio_kubelet.core.container_gc import GCContainer, GCPolicy, GCSandbox, plan_container_gc
 from trio_kubelet.core.eviction import (
+    EvictionState,
     Observation,
     PodUsage,
     StorageUsage,
     Threshold,
+    assess,
     choose_victim,
     storage_overruns,
 )
@@ -69,6 +71,7 @@ from trio_kubelet.replay.codec import actions_to_json, observed_from_json, probe
 from trio_kubelet.replay.reader import NumberedRecord, RecordingError, field_path
 from trio_kubelet.replay.records import (
     AdmissionRecord,
+    AssessRecord,
     ContainerGCRecord,
     ContainerStart,
     DecisionRecord,
@@ -159,7 +162,7 @@ class Replayer:
         self._config = PodConfig(())
         self._versions: dict[tuple[str, int], Pod] = {}
         self._pod_matches: dict[str, bool] = {}
-        self._eviction_thresholds: tuple[Threshold, ...] | None = None
+        self._eviction_config: EvictionConfig | None = None
         self._image_gc_policy: ImageGCPolicy | None = None
 
     # -- time ---------------------------------------------------------------------------------
@@ -195,7 +198,9 @@ class Replayer:
         elif isinstance(record, AdmissionRecord):
             self._admission(line, t, record)
         elif isinstance(record, EvictionRecord):
-            self._eviction(line, t, record)
+            self._evict(line, t, record)
+        elif isinstance(record, AssessRecord):
+            self._assess(line, t, record)
         elif isinstance(record, StorageEvictionRecord):
             self._storage_eviction(line, t, record)
         elif isinstance(record, ContainerGCRecord):
@@ -355,7 +360,7 @@ class Replayer:
             DecisionTrace(line, t, record.pod, record.uid, summary, diverged=diverged)
         )
 
-    def _eviction(self, line: int, t: float, record: EvictionRecord) -> None:
+    def _evict(self, line: int, t: float, record: EvictionRecord) -> None:
         """Re-choose the evicted pod from the recorded figures and the pods' spec versions."""
         self.result.evictions += 1
         recorded = {"uid": record.uid, "message": record.message, "grace": record.grace}
@@ -402,6 +407,43 @@ class Replayer:
         summary = f"evict ({actionable[0].signal}): {victim.message}" if victim else "evict none"
         uid = victim.pod.metadata.uid if victim else ""
         self.result.trace.append(DecisionTrace(line, t, pod, uid, summary, diverged=diverged))
+
+    def _assess(self, line: int, t: float, record: AssessRecord) -> None:
+        """Re-decide an eviction round's verdict from the figures and the state it began with."""
+        if self.pod is not None:
+            return  # a node-wide verdict, not one pod's
+        config = self._eviction(line)
+        named = {(th.signal, th.hard): th for th in config.thresholds}
+        try:
+            state = EvictionState(
+                first_observed={named[(signal, hard)]: at
+                                for signal, hard, at in record.first_observed},
+                condition_seen=dict(record.condition_seen),
+                met=tuple(named[key] for key in record.met),
+                observations={s: Observation(*o) for s, o in record.last_observations.items()},
+            )
+        except KeyError as err:
+            raise RecordingError(
+                line, f"assess: a threshold the configuration does not have: {err}") from None
+        verdict = assess(
+            config.thresholds,
+            {signal: Observation(*o) for signal, o in record.observations.items()},
+            state,
+            now=record.now,
+            transition_period=config.transition_period,
+        )
+        recorded = {"conditions": record.conditions,
+                    "actionable": [list(key) for key in record.actionable]}
+        replayed = {"conditions": list(verdict.conditions),
+                    "actionable": [[th.signal, th.hard] for th in verdict.actionable]}
+        diverged = replayed != recorded
+        if diverged:
+            self._diverge(line, "(node)",
+                          "the replayed eviction verdict differs from the recorded one",
+                          recorded, replayed)
+        acting = ", ".join(th.signal for th in verdict.actionable) or "nothing"
+        summary = f"pressure: {', '.join(verdict.conditions) or 'none'}; act on {acting}"
+        self.result.trace.append(DecisionTrace(line, t, "(node)", "", summary, diverged=diverged))
 
     def _candidates(
         self, line: int, candidates: dict[str, int], recorded: dict[str, Any]
@@ -523,15 +565,17 @@ class Replayer:
             self._image_gc_policy = image_gc_policy(self._header_config(line))
         return self._image_gc_policy
 
-    def _thresholds(self, line: int) -> tuple[Threshold, ...]:
-        """The eviction thresholds of the recording's configuration (parsed once)."""
-        if self._eviction_thresholds is None:
+    def _eviction(self, line: int) -> EvictionConfig:
+        """The eviction settings of the recording's configuration (parsed once)."""
+        if self._eviction_config is None:
             try:
-                config = EvictionConfig.from_config(self._header_config(line))
+                self._eviction_config = EvictionConfig.from_config(self._header_config(line))
             except ConfigError as err:
                 raise RecordingError(line, f"header config: {err}") from None
-            self._eviction_thresholds = config.thresholds
-        return self._eviction_thresholds
+        return self._eviction_config
+
+    def _thresholds(self, line: int) -> tuple[Threshold, ...]:
+        return self._eviction(line).thresholds
 
     def _header_config(self, line: int) -> KubeletConfiguration:
         wire = self.header.config if self.header else {}

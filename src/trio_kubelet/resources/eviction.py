@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import NoReturn, Protocol
 
@@ -59,7 +59,7 @@ from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.replay.recorder import Recorder
-from trio_kubelet.replay.records import EvictionRecord, StorageEvictionRecord
+from trio_kubelet.replay.records import AssessRecord, EvictionRecord, StorageEvictionRecord
 
 __all__ = ["EvictionConfig", "EvictionManager", "EvictionPods", "NodeReclaimer", "NodeReclaimers"]
 
@@ -234,13 +234,18 @@ class EvictionManager:
             return ()
         self.rounds += 1
         observations = observe(sample, pods_memory_limit=self.config.pods_memory_limit)
+        now = self._wall_clock()
         assessment = assess(
             self.config.thresholds,
             observations,
             self.state,
-            now=self._wall_clock(),
+            now=now,
             transition_period=self.config.transition_period,
         )
+        if self._recorder is not None and (
+            assessment.conditions != self.conditions or assessment.actionable
+        ):
+            self._record_assessment(observations, assessment, now)
         self._update_conditions(assessment.conditions)
         self.state = assessment.state
         dedicated = dedicated_image_fs(sample)
@@ -284,6 +289,31 @@ class EvictionManager:
         if overruns and self._recorder is not None:
             self._record_overruns(pods, usage, overruns, refused, dedicated=dedicated)
         return tuple(evicted)
+
+    def _record_assessment(
+        self, observations: dict[str, Observation], assessment: Assessment, now: float
+    ) -> None:
+        """The round's verdict with its inputs (the state it began with) as an ``AssessRecord``."""
+        assert self._recorder is not None
+        t, state = trio.current_time(), self.state
+
+        def figures(found: Mapping[str, Observation]) -> dict[str, tuple[int, int, float]]:
+            return {signal: (o.available, o.capacity, o.time) for signal, o in found.items()}
+
+        self._recorder.add(
+            lambda: AssessRecord(
+                t=t,
+                now=now,
+                observations=figures(observations),
+                first_observed=[(th.signal, th.hard, at)
+                                for th, at in state.first_observed.items()],
+                condition_seen=dict(state.condition_seen),
+                met=[(th.signal, th.hard) for th in state.met],
+                last_observations=figures(state.observations),
+                conditions=list(assessment.conditions),
+                actionable=[(th.signal, th.hard) for th in assessment.actionable],
+            )
+        )
 
     def _record_overruns(
         self,
