@@ -367,14 +367,11 @@ class Replayer:
         pods = self._candidates(line, record.candidates, recorded)
         if pods is None:
             return
-        thresholds = self._thresholds(line)
+        named = self._named_thresholds(line)
         try:
-            actionable = [
-                next(th for th in thresholds if (th.signal, th.hard) == (signal, hard))
-                for signal, hard in record.actionable
-            ]
+            actionable = [named[(signal, hard)] for signal, hard in record.actionable]
             usage = {uid: PodUsage(**fields) for uid, fields in record.usage.items()}
-        except (StopIteration, TypeError) as err:
+        except (KeyError, TypeError) as err:
             raise RecordingError(
                 line, f"a threshold or pod usage the configuration does not explain: {err}"
             ) from None
@@ -412,8 +409,7 @@ class Replayer:
         """Re-decide an eviction round's verdict from the figures and the state it began with."""
         if self.pod is not None:
             return  # a node-wide verdict, not one pod's
-        config = self._eviction(line)
-        named = {(th.signal, th.hard): th for th in config.thresholds}
+        config, named = self._eviction(line), self._named_thresholds(line)
         try:
             state = EvictionState(
                 first_observed={named[(signal, hard)]: at
@@ -574,8 +570,9 @@ class Replayer:
                 raise RecordingError(line, f"header config: {err}") from None
         return self._eviction_config
 
-    def _thresholds(self, line: int) -> tuple[Threshold, ...]:
-        return self._eviction(line).thresholds
+    def _named_thresholds(self, line: int) -> dict[tuple[str, bool], Threshold]:
+        """The configuration's thresholds by the [signal, hard] that records name them with."""
+        return {(th.signal, th.hard): th for th in self._eviction(line).thresholds}
 
     def _header_config(self, line: int) -> KubeletConfiguration:
         wire = self.header.config if self.header else {}

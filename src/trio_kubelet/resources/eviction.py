@@ -233,14 +233,14 @@ class EvictionManager:
         if not config.thresholds and not config.local_storage_capacity_isolation:
             return ()
         self.rounds += 1
-        observations = observe(sample, pods_memory_limit=self.config.pods_memory_limit)
+        observations = observe(sample, pods_memory_limit=config.pods_memory_limit)
         now = self._wall_clock()
         assessment = assess(
-            self.config.thresholds,
+            config.thresholds,
             observations,
             self.state,
             now=now,
-            transition_period=self.config.transition_period,
+            transition_period=config.transition_period,
         )
         if self._recorder is not None and (
             assessment.conditions != self.conditions or assessment.actionable
@@ -296,20 +296,16 @@ class EvictionManager:
         """The round's verdict with its inputs (the state it began with) as an ``AssessRecord``."""
         assert self._recorder is not None
         t, state = trio.current_time(), self.state
-
-        def figures(found: Mapping[str, Observation]) -> dict[str, tuple[int, int, float]]:
-            return {signal: (o.available, o.capacity, o.time) for signal, o in found.items()}
-
         self._recorder.add(
             lambda: AssessRecord(
                 t=t,
                 now=now,
-                observations=figures(observations),
+                observations=_observation_rows(observations),
                 first_observed=[(th.signal, th.hard, at)
                                 for th, at in state.first_observed.items()],
                 condition_seen=dict(state.condition_seen),
                 met=[(th.signal, th.hard) for th in state.met],
-                last_observations=figures(state.observations),
+                last_observations=_observation_rows(state.observations),
                 conditions=list(assessment.conditions),
                 actionable=[(th.signal, th.hard) for th in assessment.actionable],
             )
@@ -327,7 +323,7 @@ class EvictionManager:
         """The storage check's inputs and findings as a ``StorageEvictionRecord``."""
         assert self._recorder is not None
         t = trio.current_time()
-        candidates = {p.metadata.uid: self._pods.spec_seq(p.metadata.uid) for p in pods}
+        candidates = self._candidates(pods)
         self._recorder.add(
             lambda: StorageEvictionRecord(
                 t=t,
@@ -447,15 +443,12 @@ class EvictionManager:
         if recorder is None:
             return
         t = trio.current_time()
-        candidates = {p.metadata.uid: self._pods.spec_seq(p.metadata.uid) for p in pods}
+        candidates = self._candidates(pods)
         recorder.add(
             lambda: EvictionRecord(
                 t=t,
                 actionable=[(th.signal, th.hard) for th in assessment.actionable],
-                observations={
-                    signal: (o.available, o.capacity, o.time)
-                    for signal, o in observations.items()
-                },
+                observations=_observation_rows(observations),
                 dedicated_image_fs=dedicated,
                 candidates=candidates,
                 usage={uid: dataclasses.asdict(u) for uid, u in usage.items() if uid in candidates},
@@ -465,6 +458,10 @@ class EvictionManager:
                 grace=victim.grace if victim else None,
             )
         )
+
+    def _candidates(self, pods: list[Pod]) -> dict[str, int]:
+        """Each pod's UID -> the seq of the event that set its spec (how records name pods)."""
+        return {p.metadata.uid: self._pods.spec_seq(p.metadata.uid) for p in pods}
 
     async def _wait_for_cleanup(self, uids: tuple[str, ...]) -> None:
         """Until the evicted pods have nothing running, at most 30 s (Go's podCleanupTimeout)."""
@@ -477,3 +474,10 @@ class EvictionManager:
             log.warning("Eviction manager: evicted pods %s have not all stopped after %.0fs",
                         ", ".join(uids), POD_CLEANUP_TIMEOUT)
         self._settled_at = self._wall_clock()
+
+
+def _observation_rows(
+    observations: Mapping[str, Observation],
+) -> dict[str, tuple[int, int, float]]:
+    """Observations as records hold them: signal -> [available, capacity, time]."""
+    return {signal: (o.available, o.capacity, o.time) for signal, o in observations.items()}
