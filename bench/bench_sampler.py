@@ -101,10 +101,11 @@ class SerialisedRuntime:
         items: Sequence[Any] = upb.ListPodSandboxResponse.FromString(self._sandboxes).items
         return items
 
-    async def list_container_stats(
+    async def list_container_stats_brief(
         self, *, call_timeout: float | None = None
-    ) -> list[v1.ContainerStats]:
-        return v1.ListContainerStatsResponse.parse(self._stats).stats
+    ) -> Sequence[Any]:
+        stats: Sequence[Any] = upb.ListContainerStatsResponse.FromString(self._stats).stats
+        return stats
 
     async def image_fs_info(self, *, call_timeout: float | None = None) -> v1.ImageFsInfoResponse:
         return v1.ImageFsInfoResponse.parse(self._image_fs)

@@ -397,6 +397,10 @@ async def test_stats_and_resources(env: Env) -> None:
     assert stats is not None and stats.memory is not None and stats.memory.working_set_bytes
     assert stats.memory.working_set_bytes.value == 1 << 20
     assert len(await env.client.list_container_stats()) == 1
+    (brief,) = await env.client.list_container_stats_brief()
+    assert brief.attributes.id == container_id
+    assert brief.memory.working_set_bytes.value == 1 << 20
+    assert brief.cpu.usage_core_nano_seconds.value == 5_000
     pod_stats = await env.client.pod_sandbox_stats(sandbox_id)
     assert pod_stats is not None and pod_stats.linux is not None
     assert pod_stats.linux.cpu is not None and pod_stats.linux.cpu.usage_core_nano_seconds

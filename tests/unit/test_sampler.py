@@ -135,11 +135,11 @@ class FakeRuntime:
         self._check()
         return list(self.sandboxes)
 
-    async def list_container_stats(
+    async def list_container_stats_brief(
         self, *, call_timeout: float | None = None
-    ) -> list[v1.ContainerStats]:
+    ) -> list[upb.ContainerStats]:
         self._check()
-        return list(self.stats)
+        return [upb.ContainerStats.FromString(bytes(stats)) for stats in self.stats]
 
     async def image_fs_info(self, *, call_timeout: float | None = None) -> v1.ImageFsInfoResponse:
         self._check()
@@ -327,6 +327,22 @@ async def test_runtime_figures_stand_in_for_an_unreachable_cgroup(
     assert container.figures.memory_working_set_bytes == 7 * MiB
     assert container.ref.cgroup == ""
     assert container.rootfs is not None and container.rootfs.used_bytes == 4096
+
+
+async def test_unset_runtime_figures_stay_unknown(cgroups: FakeCgroups, tmp_path: Path) -> None:
+    """upb answers an unset field with a default message: unset must read as None, not 0."""
+    runtime = FakeRuntime()
+    (app,) = runtime.pod("uid-1", "web")
+    runtime.stats.append(v1.ContainerStats(
+        attributes=v1.ContainerAttributes(id=app),
+        memory=v1.MemoryUsage(timestamp=1, working_set_bytes=v1.UInt64Value(0))))
+    runtime.stats.append(v1.ContainerStats(cpu=v1.CpuUsage(timestamp=1)))  # no id: ignored
+    sample = await make_sampler(cgroups, tmp_path).sample_once(runtime)
+    (container,) = only_pod(sample).containers
+    assert container.figures.memory_working_set_bytes == 0
+    assert container.figures.cpu_usage_ns is None
+    assert container.figures.memory_usage_bytes is None
+    assert container.rootfs is None
 
 
 async def test_writable_layer_and_logs_are_measured(cgroups: FakeCgroups, tmp_path: Path) -> None:

@@ -11,9 +11,10 @@ of 1,800 calls ~40 % dearer in CPU (bench/bench_container_gc.py, docs/runtime.md
 Under trio's MockClock (a virtual clock cannot see a thread working) they stay on the
 client's own loop.
 
-The PLEG relist's two list calls have a second form, ``*_brief``, that decodes
-the reply into upb-backed protobuf messages (``cri_upb``) instead: same RPC,
-same channel and codec, ~200x cheaper to decode (docs/runtime.md).
+The hot list calls (the PLEG relist's two, the sampler's container stats) have a
+second form, ``*_brief``, that decodes the reply into upb-backed protobuf messages
+(``cri_upb``) instead: same RPC, same channel and codec, ~100-200x cheaper to
+decode (docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ async def _new_channel(path: str) -> grpclib.client.Channel:
 
 
 class _UpbRuntimeStub:
-    """The relist's list calls, their replies decoded into upb messages (``cri_upb``).
+    """The hot list calls, their replies decoded into upb messages (``cri_upb``).
 
     grpclib's default codec only needs ``SerializeToString``/``FromString``, which
     betterproto2 and protobuf messages both have, so these share the betterproto2
@@ -87,7 +88,7 @@ class _UpbRuntimeStub:
     the class the reply is decoded into differs.
     """
 
-    __slots__ = ("list_containers", "list_pod_sandbox")
+    __slots__ = ("list_container_stats", "list_containers", "list_pod_sandbox")
 
     def __init__(self, channel: grpclib.client.Channel) -> None:
         self.list_pod_sandbox = grpclib.client.UnaryUnaryMethod(
@@ -96,6 +97,9 @@ class _UpbRuntimeStub:
         self.list_containers = grpclib.client.UnaryUnaryMethod(
             channel, "/runtime.v1.RuntimeService/ListContainers",
             v1.ListContainersRequest, upb.ListContainersResponse)
+        self.list_container_stats = grpclib.client.UnaryUnaryMethod(
+            channel, "/runtime.v1.RuntimeService/ListContainerStats",
+            v1.ListContainerStatsRequest, upb.ListContainerStatsResponse)
 
 
 class _Stubs:
@@ -471,6 +475,21 @@ class CRIClient:
                                     lambda s, t: s.runtime.list_container_stats(request, timeout=t),
                                     self._deadline(call_timeout))
         return response.stats
+
+    async def list_container_stats_brief(self, filter: v1.ContainerStatsFilter | None = None, *,
+                                         call_timeout: float | None = None
+                                         ) -> Sequence[upb.ContainerStats]:
+        """`list_container_stats` with the reply decoded by upb, ~100x faster than betterproto2.
+
+        The sampler's tick: 110 containers' stats took 36 ms to decode with betterproto2, in
+        one step of the event loop (bench/README.md), and 0.3 ms with upb.
+        """
+        request = v1.ListContainerStatsRequest(filter=filter)
+        response = await self._call("ListContainerStats", request,
+                                    lambda s, t: s.upb.list_container_stats(request, timeout=t),
+                                    self._deadline(call_timeout))
+        stats: Sequence[upb.ContainerStats] = response.stats  # a view into the reply, not a copy
+        return stats
 
     async def pod_sandbox_stats(self, id: str, *,
                                 call_timeout: float | None = None) -> v1.PodSandboxStats | None:

@@ -81,9 +81,9 @@ class StatsRuntime(Protocol):
     async def list_pod_sandbox_brief(self, *, call_timeout: float | None = None) -> Sequence[Any]:
         ...
 
-    async def list_container_stats(
+    async def list_container_stats_brief(
         self, *, call_timeout: float | None = None
-    ) -> list[v1.ContainerStats]:
+    ) -> Sequence[Any]:
         ...
 
     async def image_fs_info(self, *, call_timeout: float | None = None) -> v1.ImageFsInfoResponse:
@@ -403,24 +403,32 @@ def _uint(message: Any, name: str) -> int | None:
     return None if wrapped is None else int(wrapped.value)
 
 
-def cri_container_figures(stats: v1.ContainerStats) -> tuple[CgroupFigures | None, FsUsage | None]:
-    """ListContainerStats of one container: its cpu/memory and its writable layer's usage."""
-    cpu, memory = stats.cpu, stats.memory
+def _upb_uint(message: Any, name: str) -> int | None:
+    """A UInt64Value field of a upb message: None when unset (upb has no None)."""
+    return int(getattr(message, name).value) if message.HasField(name) else None
+
+
+def cri_container_figures(stats: Any) -> tuple[CgroupFigures | None, FsUsage | None]:
+    """ListContainerStats of one container (a upb ``ContainerStats``): its cpu/memory and its
+    writable layer's usage."""
+    has_cpu, has_memory = stats.HasField("cpu"), stats.HasField("memory")
+    cpu = stats.cpu if has_cpu else None
+    memory = stats.memory if has_memory else None
     figures = None
-    if cpu is not None or memory is not None:
+    if has_cpu or has_memory:
         figures = CgroupFigures(
-            cpu_usage_ns=_uint(cpu, "usage_core_nano_seconds"),
-            memory_usage_bytes=_uint(memory, "usage_bytes"),
-            memory_working_set_bytes=_uint(memory, "working_set_bytes"),
-            memory_rss_bytes=_uint(memory, "rss_bytes"),
-            page_faults=_uint(memory, "page_faults"),
-            major_page_faults=_uint(memory, "major_page_faults"),
+            cpu_usage_ns=_upb_uint(cpu, "usage_core_nano_seconds") if cpu else None,
+            memory_usage_bytes=_upb_uint(memory, "usage_bytes") if memory else None,
+            memory_working_set_bytes=_upb_uint(memory, "working_set_bytes") if memory else None,
+            memory_rss_bytes=_upb_uint(memory, "rss_bytes") if memory else None,
+            page_faults=_upb_uint(memory, "page_faults") if memory else None,
+            major_page_faults=_upb_uint(memory, "major_page_faults") if memory else None,
         )
-    layer = stats.writable_layer
     rootfs = None
-    if layer is not None:
-        rootfs = FsUsage(used_bytes=_uint(layer, "used_bytes"),
-                         inodes_used=_uint(layer, "inodes_used"))
+    if stats.HasField("writable_layer"):
+        layer = stats.writable_layer
+        rootfs = FsUsage(used_bytes=_upb_uint(layer, "used_bytes"),
+                         inodes_used=_upb_uint(layer, "inodes_used"))
     return figures, rootfs
 
 
@@ -604,11 +612,11 @@ class Sampler:
         self, client: StatsRuntime, errors: list[str]
     ) -> dict[str, tuple[CgroupFigures | None, FsUsage | None]]:
         try:
-            stats = await client.list_container_stats(call_timeout=self._call_timeout)
+            stats = await client.list_container_stats_brief(call_timeout=self._call_timeout)
         except CRIError as err:
             errors.append(f"container stats: {err}")
             return {}
-        return {s.attributes.id: cri_container_figures(s) for s in stats if s.attributes}
+        return {s.attributes.id: cri_container_figures(s) for s in stats if s.attributes.id}
 
     async def _image_fs_usage(self, client: StatsRuntime, errors: list[str]) -> FsUsage | None:
         try:
