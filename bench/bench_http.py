@@ -11,7 +11,11 @@ port, all on free ports picked here. Once ``/pods`` lists every pod Running and
 - ``flat``: plain HTTP on the read-only port, ``--requests`` requests per endpoint, 50 in flight;
 - ``flat_https``: the same on the authenticated port (TLS, ``verify=False``);
 - ``paced``: plain HTTP, each of the 50 clients sends one request every 0.5 s for ``--paced``
-  seconds (100 requests/s), since flat-out load on 2 vCPUs measures the load generator too.
+  seconds (100 requests/s), since flat-out load on 2 vCPUs measures the load generator too;
+- ``floor``: ``/healthz`` flat out and paced against ``bare_quart.py``, a Quart-Trio app on
+  Hypercorn with that one route and nothing else in its process: what the required stack and
+  this client cost on this machine before the kubelet does anything (its ``agent_*`` figures
+  are the bare server's).
 
 Each client first sends one unmeasured request (opening its keep-alive connection, TLS included),
 then all start together. Any non-200 answer or exception counts as an error. Per endpoint and
@@ -212,9 +216,9 @@ async def drive(httpx: Any, base: str, path: str, clients: int, *, total: int | 
 
 
 async def phase(httpx: Any, base: str, agent_pid: int, clients: int,
-                **how: Any) -> dict[str, Any]:
+                paths: tuple[str, ...] = ENDPOINTS, **how: Any) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    for path in ENDPOINTS:
+    for path in paths:
         cpu0, own0, t0 = cpu_seconds(agent_pid), time.process_time(), time.monotonic()
         result = await drive(httpx, base, path, clients, **how)
         seconds = time.monotonic() - t0
@@ -247,6 +251,34 @@ def agent_command(profile: Path | None) -> list[str]:
     if profile is None:
         return [sys.executable, "-m", "trio_kubelet"]
     return [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "trio_kubelet"]
+
+
+def floor(args: argparse.Namespace, httpx: Any) -> dict[str, Any]:
+    """``/healthz`` of ``bare_quart.py``, flat out and paced, as the agent's runs drive it."""
+    (port,) = free_ports(1)
+    server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("bare_quart.py")),
+                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    result: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with httpx.AsyncClient(base_url=base, timeout=REQUEST_TIMEOUT) as client:
+            for _ in range(100):
+                try:
+                    (await client.get("/healthz")).raise_for_status()
+                    break
+                except httpx.HTTPError:
+                    await trio.sleep(0.1)
+        result["flat"] = (await phase(httpx, base, server.pid, args.clients, ("/healthz",),
+                                      total=args.requests))["healthz"]
+        result["paced"] = (await phase(httpx, base, server.pid, args.clients, ("/healthz",),
+                                       period=0.5, duration=args.paced))["healthz"]
+
+    try:
+        trio.run(main)
+    finally:
+        stop_process(server)
+    return result
 
 
 def run(args: argparse.Namespace, httpx: Any) -> dict[str, Any]:
@@ -345,6 +377,7 @@ def main() -> None:
         return
     load_at_start = round(os.getloadavg()[0], 2)
     result = run(args, httpx)
+    result["floor_bare_quart_healthz"] = floor(args, httpx)
     result["tree"] = tree_version()
     result["loadavg_1m_at_start"] = load_at_start
     result["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
