@@ -171,6 +171,10 @@ async def test_x509_user_is_common_name_and_groups_are_organizations() -> None:
     assert await X509Authenticator().authenticate(Credentials()) is None
     with pytest.raises(AuthenticationError):
         await X509Authenticator().authenticate(Credentials(client_certificate_pem="garbage"))
+    unverified = Credentials(client_certificate_pem=pem,
+                             client_certificate_error="certificate signed by unknown authority")
+    with pytest.raises(AuthenticationError, match="x509: certificate signed by unknown authority"):
+        await RequestAuthenticator([X509Authenticator()], anonymous=True).authenticate(unverified)
 
 
 async def test_authorize_any_stops_at_the_first_allowed_and_tags_errors() -> None:

@@ -35,7 +35,7 @@ from trio_kubelet.server.auth import (
 from trio_kubelet.server.routes_streaming import streaming_blueprint
 from trio_kubelet.server.serve import HTTPLimits, serve_app
 from trio_kubelet.server.spdy_proxy import UpgradeRequest, read_first_request, splice
-from trio_kubelet.server.tls import ServingCertificate, server_ssl_context
+from trio_kubelet.server.tls import ServingCertificate, server_tls_context
 from trio_kubelet.server.view import NodeView
 from trio_kubelet.status.store import PodStatusStore
 
@@ -138,7 +138,7 @@ class Kubelet:
 
 
 @asynccontextmanager
-async def kubelet(*, runtime_url: str | None = None, ssl_context: Any = None,
+async def kubelet(*, runtime_url: str | None = None, tls_context: Any = None,
                   authenticator: RequestAuthenticator | None = None,
                   authorizer: Authorizer | None = None,
                   limits: HTTPLimits | None = None) -> AsyncIterator[Kubelet]:
@@ -159,7 +159,7 @@ async def kubelet(*, runtime_url: str | None = None, ssl_context: Any = None,
                          authenticator=authenticator or RequestAuthenticator([], anonymous=True),
                          authorizer=authorizer or AlwaysAllowAuthorizer())
         _, port = await nursery.start(partial(serve_app, app, "127.0.0.1", 0,
-                                              ssl_context=ssl_context,
+                                              tls_context=tls_context,
                                               limits=limits or HTTPLimits()))
         yield Kubelet(port, runtime, streaming, metrics)
         nursery.cancel_scope.cancel()
@@ -403,16 +403,16 @@ async def test_tls_client_certificates_and_authorisation(tmp_path: Path) -> None
     server_ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(
         str(tmp_path / "server.pem"))
     client_ca.cert_pem.write_to_path(str(tmp_path / "clients.crt"))
-    context = server_ssl_context(
+    context = server_tls_context(
         ServingCertificate(tmp_path / "server.pem", tmp_path / "server.pem"),
         str(tmp_path / "clients.crt"))
     authenticator = RequestAuthenticator([X509Authenticator()], anonymous=False)
 
-    async def session(k: Kubelet, *, certificate: bool) -> bytes:
+    async def session(k: Kubelet, *, certificate: bool, ca: trustme.CA = client_ca) -> bytes:
         client = ssl.create_default_context()
         server_ca.configure_trust(client)
         if certificate:
-            client_ca.issue_cert(common_name="kube-apiserver").configure_cert(client)
+            ca.issue_cert(common_name="kube-apiserver").configure_cert(client)
         stream = trio.SSLStream(await k.connect(), client, server_hostname="127.0.0.1")
         await stream.send_all(head("POST", EXEC))
         with trio.fail_after(5):
@@ -420,12 +420,15 @@ async def test_tls_client_certificates_and_authorisation(tmp_path: Path) -> None
         await stream.aclose()
         return answer
 
-    async with kubelet(ssl_context=context, authenticator=authenticator,
+    async with kubelet(tls_context=context, authenticator=authenticator,
                        authorizer=AlwaysAllowAuthorizer()) as k:
         assert await session(k, certificate=True) == SWITCH
         assert (await session(k, certificate=False)).startswith(b"HTTP/1.1 401 ")
+        assert (await session(k, certificate=True, ca=trustme.CA())).startswith(
+            b"HTTP/1.1 401 "), "a certificate from another CA: 401 after the handshake, as Go"
+        assert not k.runtime.calls[1:], "only the verified session reached the runtime"
     denied = Recorder(allow=False)
-    async with kubelet(ssl_context=context, authenticator=authenticator,
+    async with kubelet(tls_context=context, authenticator=authenticator,
                        authorizer=denied) as k:
         assert (await session(k, certificate=True)).startswith(b"HTTP/1.1 403 ")
         assert not k.runtime.calls

@@ -93,10 +93,12 @@ ANONYMOUS = UserInfo("system:anonymous", groups=("system:unauthenticated",))
 
 @dataclass(frozen=True)
 class Credentials:
-    """What a request presents: a bearer token and/or a TLS-verified client certificate."""
+    """What a request presents: a bearer token and/or a client certificate, with why it
+    did not verify against ``clientCAFile`` (None: it did)."""
 
     bearer_token: str | None = None
     client_certificate_pem: str | None = None
+    client_certificate_error: str | None = None
 
 
 class AuthenticationError(Exception):
@@ -120,7 +122,8 @@ def credentials_from_request(headers: Mapping[str, str],
                              tls: Mapping[str, Any] | None = None) -> Credentials:
     """The credentials of a request: ``Authorization: Bearer …`` (or the websocket
     ``base64url.bearer.authorization.k8s.io.…`` subprotocol) and the ASGI TLS
-    extension's verified client certificate. ``headers`` is case-insensitive."""
+    extension's client certificate and its ``client_cert_error``. ``headers`` is
+    case-insensitive."""
     token: str | None = None
     authorization = headers.get("authorization", "")
     scheme, _, value = authorization.strip().partition(" ")
@@ -129,7 +132,8 @@ def credentials_from_request(headers: Mapping[str, str],
     elif not authorization:
         token = _websocket_token(headers.get("sec-websocket-protocol", ""))
     chain = (tls or {}).get("client_cert_chain") or []
-    return Credentials(bearer_token=token, client_certificate_pem=chain[0] if chain else None)
+    return Credentials(bearer_token=token, client_certificate_pem=chain[0] if chain else None,
+                       client_certificate_error=(tls or {}).get("client_cert_error"))
 
 
 class Authenticator(Protocol):
@@ -145,14 +149,18 @@ class Authenticator(Protocol):
 class X509Authenticator:
     """User = the certificate's CN, groups = its O values.
 
-    The certificate must already be verified against ``clientCAFile``: the server's
-    TLS context (``tls.server_ssl_context``) trusts exactly that file and rejects any
-    other certificate during the handshake.
+    The TLS layer (``tls.server_tls_context``) checks the certificate against
+    ``clientCAFile`` and lets the handshake go on either way; a certificate that
+    did not verify is an error here, so the request gets 401 even where anonymous
+    requests are allowed (Go's x509 authenticator).
     """
 
     async def authenticate(self, credentials: Credentials) -> UserInfo | None:
         if credentials.client_certificate_pem is None:
             return None
+        if credentials.client_certificate_error is not None:
+            raise AuthenticationError(f"verifying certificate failed: x509: "
+                                      f"{credentials.client_certificate_error}")
         try:
             cert = x509.load_pem_x509_certificate(credentials.client_certificate_pem.encode())
         except ValueError as exc:

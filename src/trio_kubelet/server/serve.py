@@ -32,18 +32,20 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, ConnectionState, Scope
 from hypercorn.utils import parse_socket_addr
+from OpenSSL import SSL
 from quart import Blueprint
 from quart_trio import QuartTrio
 
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.server.app import MAX_BODY_BYTES, create_app
 from trio_kubelet.server.auth import Authorizer, RequestAuthenticator, ReviewClient, build_auth
+from trio_kubelet.server.openssl_stream import OpenSSLStream
 from trio_kubelet.server.routes_node import healthz_blueprint
 from trio_kubelet.server.spdy_proxy import UpgradeRequest, read_first_request, serve_upgrade
 from trio_kubelet.server.tls import (
     TLSConfigError,
     ensure_serving_certificate,
-    server_ssl_context,
+    server_tls_context,
 )
 from trio_kubelet.server.view import NodeView
 
@@ -111,14 +113,15 @@ def _hypercorn_config(limits: HTTPLimits) -> HypercornConfig:
     return config
 
 
-def _peer_tls(stream: trio.SSLStream[trio.SocketStream]) -> dict[str, Any]:
-    """The ASGI TLS extension of a connection whose handshake has completed."""
+def _peer_tls(stream: OpenSSLStream) -> dict[str, Any]:
+    """The ASGI TLS extension of a connection whose handshake has completed; a client
+    certificate that did not verify comes with ``client_cert_error``."""
     der = stream.getpeercert(binary_form=True)
     return {
         "server_cert": None,
         "client_cert_chain": [ssl.DER_cert_to_PEM_cert(der)] if der else [],
         "client_cert_name": None,
-        "client_cert_error": None,
+        "client_cert_error": stream.verify_error() if der else None,
         "tls_version": _TLS_VERSIONS.get(stream.version() or ""),
         "cipher_suite": None,
     }
@@ -173,12 +176,12 @@ class _PeerStream:
         return data
 
 
-async def _handshake(stream: trio.SSLStream[trio.SocketStream], timeout: float) -> bool:
+async def _handshake(stream: OpenSSLStream, timeout: float) -> bool:
     try:
         with trio.fail_after(timeout):
             await stream.do_handshake()
     except (trio.BrokenResourceError, trio.TooSlowError) as exc:
-        # Scanners, clients with an untrusted certificate, slow handshakes: nothing to report.
+        # Scanners, plain HTTP on the TLS port, slow handshakes: nothing to report.
         cause = exc.__cause__ or exc
         log.debug("TLS handshake failed: %s", cause)
         await trio.aclose_forcefully(stream)
@@ -190,7 +193,7 @@ async def _first_request(stream: trio.abc.Stream, config: HypercornConfig
                          ) -> bytes | UpgradeRequest | None:
     """The connection's first request as ``read_first_request`` sees it; None: close the
     connection (nothing came within the keep-alive timeout, or the client left)."""
-    if isinstance(stream, trio.SSLStream) and stream.selected_alpn_protocol() == "h2":
+    if isinstance(stream, OpenSSLStream) and stream.selected_alpn_protocol() == "h2":
         return b""  # HTTP/2 has no upgrades: the connection is Hypercorn's from its first byte
     with trio.move_on_after(config.keep_alive_timeout):
         try:
@@ -201,7 +204,7 @@ async def _first_request(stream: trio.abc.Stream, config: HypercornConfig
 
 
 async def _serve_connection(app: ASGIWrapper, config: HypercornConfig, state: dict[str, Any],
-                            ssl_context: ssl.SSLContext | None, connections: _Connections,
+                            tls_context: SSL.Context | None, connections: _Connections,
                             tcp: trio.SocketStream) -> None:
     if connections.open >= connections.limit:
         log.debug("Too many connections (%d), closing a new one", connections.open)
@@ -210,8 +213,8 @@ async def _serve_connection(app: ASGIWrapper, config: HypercornConfig, state: di
     connections.open += 1
     try:
         stream: Any = tcp
-        if ssl_context is not None:
-            stream = trio.SSLStream(tcp, ssl_context, server_side=True, https_compatible=True)
+        if tls_context is not None:
+            stream = OpenSSLStream(tcp, tls_context)
             if not await _handshake(stream, config.ssl_handshake_timeout):
                 return
             # Set in this connection's task: the request tasks Hypercorn spawns from it
@@ -220,7 +223,7 @@ async def _serve_connection(app: ASGIWrapper, config: HypercornConfig, state: di
         first = await _first_request(stream, config)
         if isinstance(first, UpgradeRequest):
             await serve_upgrade(
-                app.app, stream, first, scheme="https" if ssl_context is not None else "http",
+                app.app, stream, first, scheme="https" if tls_context is not None else "http",
                 client=parse_socket_addr(tcp.socket.family, tcp.socket.getpeername()),
                 server=parse_socket_addr(tcp.socket.family, tcp.socket.getsockname()),
                 state=state.copy())
@@ -262,7 +265,7 @@ async def _close(listeners: Sequence[trio.SocketListener]) -> None:
 
 
 async def serve_listeners(app: QuartTrio, listeners: Sequence[trio.SocketListener], *,
-                          ssl_context: ssl.SSLContext | None = None,
+                          tls_context: SSL.Context | None = None,
                           limits: HTTPLimits = HTTPLimits(), name: str = "HTTP",
                           task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
                           ) -> None:
@@ -273,7 +276,7 @@ async def serve_listeners(app: QuartTrio, listeners: Sequence[trio.SocketListene
     host, port = listeners[0].socket.getsockname()[:2]
     state: dict[str, Any] = {}
     lifespan = Lifespan(asgi, config, state)
-    handler = partial(_serve_connection, asgi, config, state, ssl_context,
+    handler = partial(_serve_connection, asgi, config, state, tls_context,
                       _Connections(limits.max_connections))
     try:
         async with trio.open_nursery() as lifespan_nursery:
@@ -282,7 +285,7 @@ async def serve_listeners(app: QuartTrio, listeners: Sequence[trio.SocketListene
             try:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(trio.serve_listeners, handler, list(listeners))
-                    scheme = "https" if ssl_context is not None else "http"
+                    scheme = "https" if tls_context is not None else "http"
                     log.info("%s server listening on %s://%s:%d", name, scheme, host, port)
                     task_status.started((host, port))
             finally:
@@ -293,13 +296,13 @@ async def serve_listeners(app: QuartTrio, listeners: Sequence[trio.SocketListene
 
 
 async def serve_app(app: QuartTrio, host: str, port: int, *,
-                    ssl_context: ssl.SSLContext | None = None,
+                    tls_context: SSL.Context | None = None,
                     limits: HTTPLimits = HTTPLimits(), name: str = "HTTP",
                     task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``app`` on ``host:port`` (0: any free port) until cancelled; reports the bound
     ``(host, port)``. Raises ServerStartError when the port cannot be bound."""
     listeners = await _listen(host, port, name)
-    await serve_listeners(app, listeners, ssl_context=ssl_context, limits=limits, name=name,
+    await serve_listeners(app, listeners, tls_context=tls_context, limits=limits, name=name,
                           task_status=task_status)
 
 
@@ -309,11 +312,11 @@ class _Server:
     app: QuartTrio
     host: str
     port: int
-    ssl_context: ssl.SSLContext | None = None
+    tls_context: SSL.Context | None = None
 
 
 def _servers(view: NodeView, blueprints_full: Sequence[Blueprint],
-             blueprints_read_only: Sequence[Blueprint], tls_context: ssl.SSLContext,
+             blueprints_read_only: Sequence[Blueprint], tls_context: SSL.Context,
              authenticator: RequestAuthenticator, authorizer: Authorizer | None,
              metrics: AgentMetrics | None, limits: HTTPLimits) -> list[_Server]:
     config = view.options.config
@@ -360,7 +363,7 @@ async def run_servers(view: NodeView, blueprints_full: Sequence[Blueprint],
     client_ca = options.config.authentication.x509.client_ca_file or None
     try:
         cert = await trio.to_thread.run_sync(ensure_serving_certificate, options)
-        tls_context = server_ssl_context(cert, client_ca)
+        tls_context = server_tls_context(cert, client_ca)
     except TLSConfigError as exc:
         raise ServerStartError(f"kubelet server: {exc}") from None
     servers = _servers(view, blueprints_full, blueprints_read_only, tls_context, authenticator,
@@ -373,7 +376,7 @@ async def run_servers(view: NodeView, blueprints_full: Sequence[Blueprint],
         async with trio.open_nursery() as nursery:
             for server, listeners in zip(servers, bound, strict=True):
                 addresses[server.name] = await nursery.start(partial(
-                    serve_listeners, server.app, listeners, ssl_context=server.ssl_context,
+                    serve_listeners, server.app, listeners, tls_context=server.tls_context,
                     limits=limits, name=server.name))
             task_status.started(ServerAddresses(addresses["kubelet"], addresses.get("read-only"),
                                                 addresses.get("healthz")))

@@ -1,5 +1,9 @@
 """TLS of the 10250 server: the serving certificate (given, or self-signed once) and its context.
 
+The context is pyOpenSSL's (``openssl_stream``): client certificates are requested and
+checked against ``clientCAFile``, and one that does not verify reaches the authenticator
+(401), as in Go, instead of failing the handshake.
+
 Without ``tlsCertFile``/``tlsPrivateKeyFile`` the Go kubelet generates a
 self-signed pair under ``<root-dir>/pki`` (``kubelet.crt``, ``kubelet.key``): a
 throwaway CA ``<host>-ca@<unix time>`` that signs the serving certificate
@@ -15,7 +19,6 @@ import datetime
 import ipaddress
 import logging
 import os
-import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,23 +27,21 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from OpenSSL import SSL
 
 from trio_kubelet.config import AgentOptions
+from trio_kubelet.server.openssl_stream import server_context
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ALPN_PROTOCOLS",
     "ServingCertificate",
     "TLSConfigError",
     "ensure_serving_certificate",
     "generate_self_signed",
-    "server_ssl_context",
+    "server_tls_context",
 ]
 
-ALPN_PROTOCOLS = ["h2", "http/1.1"]
-# TLS 1.2 suites: forward secret AEAD only (what HTTP/2 requires); TLS 1.3 suites are all fine.
-_TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 _VALIDITY = datetime.timedelta(days=365)
 _BACKDATE = datetime.timedelta(hours=1)  # tolerate clock skew between node and clients
 
@@ -182,37 +183,33 @@ def ensure_serving_certificate(options: AgentOptions) -> ServingCertificate:
     return ServingCertificate(cert_file, key_file, generated=True)
 
 
-def server_ssl_context(cert: ServingCertificate, client_ca_file: str | None = None
-                       ) -> ssl.SSLContext:
+def server_tls_context(cert: ServingCertificate, client_ca_file: str | None = None
+                       ) -> SSL.Context:
     """The server context: TLS ≥ 1.2, h2 + http/1.1, and client certificates requested
-    (not required) and verified against ``client_ca_file`` when one is given.
+    (not required) and checked against ``client_ca_file`` when one is given.
 
-    Only ``client_ca_file`` is trusted for client certificates, never the system
-    store: a certificate that reaches the application has been verified against it.
+    Only ``client_ca_file`` is trusted for client certificates, never the system store;
+    the result of the check goes with the connection to the authenticator.
     """
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.options |= ssl.OP_NO_COMPRESSION
-    context.set_ciphers(_TLS12_CIPHERS)
-    context.set_alpn_protocols(ALPN_PROTOCOLS)
     try:
-        context.load_cert_chain(cert.cert_file, cert.key_file)
-    except (OSError, ssl.SSLError) as exc:
+        return server_context(cert.cert_file, cert.key_file, client_ca_file=client_ca_file or None)
+    except (OSError, ValueError, SSL.Error) as exc:
+        failure = exc
+    try:  # which file is at fault: the pair alone, or else the client CA
+        server_context(cert.cert_file, cert.key_file)
+    except (OSError, ValueError, SSL.Error) as exc:
         raise TLSConfigError(f"tlsCertFile/tlsPrivateKeyFile: cannot load {cert.cert_file} and "
                              f"{cert.key_file}: {_reason(exc)}") from None
-    if client_ca_file:
-        try:
-            context.load_verify_locations(cafile=client_ca_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise TLSConfigError(f"authentication.x509.clientCAFile: cannot load "
-                                 f"{client_ca_file}: {_reason(exc)}") from None
-        # Python's ssl has no verify callback, so an untrusted certificate fails the
-        # handshake here instead of reaching the authenticator (Go answers 401).
-        context.verify_mode = ssl.CERT_OPTIONAL
-    return context
+    raise TLSConfigError(f"authentication.x509.clientCAFile: cannot load {client_ca_file}: "
+                         f"{_reason(failure)}") from None
 
 
-def _reason(exc: OSError | ssl.SSLError) -> str:
-    if isinstance(exc, ssl.SSLError):
-        return exc.reason or str(exc)
-    return exc.strerror or str(exc)
+def _reason(exc: OSError | ValueError | SSL.Error) -> str:
+    """OpenSSL's reason (its error queue holds (library, function, reason) triples)."""
+    if isinstance(exc, SSL.Error):
+        queue = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
+        reasons = [entry[-1] for entry in queue if isinstance(entry, tuple) and entry]
+        return "; ".join(reasons) or str(exc)
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return str(exc)
