@@ -6,7 +6,9 @@ in a third process), with its servers on 127.0.0.1 only: the authenticated HTTPS
 (``--authorization-mode AlwaysAllow --anonymous-auth=true``), the read-only port and the healthz
 port, all on free ports picked here. Once ``/pods`` lists every pod Running and
 ``/stats/summary`` answers 200, this process drives 50 concurrent clients (one httpx
-``AsyncClient`` each, trio, keep-alive) against each endpoint in turn:
+``AsyncClient`` each, trio, keep-alive) against each endpoint in turn, paced first (the steady
+state: right after 8,000 flat-out requests the agent's latencies stay raised for a while; the
+paced healthz p99 was 10 ms instead of 6.6 in one A/B on a quiet machine), then flat out:
 
 - ``flat``: plain HTTP on the read-only port, ``--requests`` requests per endpoint, 50 in flight;
 - ``flat_https``: the same on the authenticated port (TLS, ``verify=False``);
@@ -318,12 +320,12 @@ def run(args: argparse.Namespace, httpx: Any) -> dict[str, Any]:
                     result["summary_ready_after_s"] = ready["summary_ready_after_s"]
                     result.update(describe_summary(ready["summary"], "summary_at_ready_"))
                     await trio.sleep(args.settle)
+                    result["paced"] = await phase(httpx, http_base, agent.pid, args.clients,
+                                                  period=0.5, duration=args.paced)
                     result["flat"] = await phase(httpx, http_base, agent.pid, args.clients,
                                                  total=args.requests)
                     result["flat_https"] = await phase(httpx, https_base, agent.pid,
                                                        args.clients, total=args.requests)
-                    result["paced"] = await phase(httpx, http_base, agent.pid, args.clients,
-                                                  period=0.5, duration=args.paced)
                     async with httpx.AsyncClient(base_url=http_base,
                                                  timeout=REQUEST_TIMEOUT) as client:
                         answer = await client.get("/stats/summary")
