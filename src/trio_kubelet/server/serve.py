@@ -121,7 +121,7 @@ def _peer_tls(stream: OpenSSLStream) -> dict[str, Any]:
         "server_cert": None,
         "client_cert_chain": [ssl.DER_cert_to_PEM_cert(der)] if der else [],
         "client_cert_name": None,
-        "client_cert_error": stream.verify_error() if der else None,
+        "client_cert_error": stream.verify_error(),
         "tls_version": _TLS_VERSIONS.get(stream.version() or ""),
         "cipher_suite": None,
     }

@@ -404,25 +404,27 @@ def _uint(message: Any, name: str) -> int | None:
 
 
 def _upb_uint(message: Any, name: str) -> int | None:
-    """A UInt64Value field of a upb message: None when unset (upb has no None)."""
-    return int(getattr(message, name).value) if message.HasField(name) else None
+    """A UInt64Value field of a upb message: None when unset (upb has no None) or when
+    ``message`` itself is None."""
+    if message is None or not message.HasField(name):
+        return None
+    return int(getattr(message, name).value)
 
 
 def cri_container_figures(stats: Any) -> tuple[CgroupFigures | None, FsUsage | None]:
     """ListContainerStats of one container (a upb ``ContainerStats``): its cpu/memory and its
     writable layer's usage."""
-    has_cpu, has_memory = stats.HasField("cpu"), stats.HasField("memory")
-    cpu = stats.cpu if has_cpu else None
-    memory = stats.memory if has_memory else None
+    cpu = stats.cpu if stats.HasField("cpu") else None
+    memory = stats.memory if stats.HasField("memory") else None
     figures = None
-    if has_cpu or has_memory:
+    if cpu is not None or memory is not None:
         figures = CgroupFigures(
-            cpu_usage_ns=_upb_uint(cpu, "usage_core_nano_seconds") if cpu else None,
-            memory_usage_bytes=_upb_uint(memory, "usage_bytes") if memory else None,
-            memory_working_set_bytes=_upb_uint(memory, "working_set_bytes") if memory else None,
-            memory_rss_bytes=_upb_uint(memory, "rss_bytes") if memory else None,
-            page_faults=_upb_uint(memory, "page_faults") if memory else None,
-            major_page_faults=_upb_uint(memory, "major_page_faults") if memory else None,
+            cpu_usage_ns=_upb_uint(cpu, "usage_core_nano_seconds"),
+            memory_usage_bytes=_upb_uint(memory, "usage_bytes"),
+            memory_working_set_bytes=_upb_uint(memory, "working_set_bytes"),
+            memory_rss_bytes=_upb_uint(memory, "rss_bytes"),
+            page_faults=_upb_uint(memory, "page_faults"),
+            major_page_faults=_upb_uint(memory, "major_page_faults"),
         )
     rootfs = None
     if stats.HasField("writable_layer"):
