@@ -57,8 +57,9 @@ from trio_kubelet.resources.eviction import EvictionConfig, EvictionManager, Nod
 from trio_kubelet.runtime.client import CRIClient, Observer, open_cri_client
 from trio_kubelet.runtime.errors import CRIError
 from trio_kubelet.server.auth import ReviewClient
+from trio_kubelet.server.health import pleg_error
 from trio_kubelet.server.routes_logs import logs_blueprint
-from trio_kubelet.server.routes_node import node_blueprints, pleg_error
+from trio_kubelet.server.routes_node import node_blueprints
 from trio_kubelet.server.routes_stats import stats_blueprint
 from trio_kubelet.server.routes_streaming import streaming_blueprint
 from trio_kubelet.server.serve import ServerAddresses, run_servers

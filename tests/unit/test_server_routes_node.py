@@ -20,13 +20,8 @@ from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.pod import Pod, PodStatus
 from trio_kubelet.runtime.client import CRIClient
 from trio_kubelet.server.app import create_app
-from trio_kubelet.server.routes_node import (
-    healthz_report,
-    node_blueprints,
-    pleg_error,
-    pod_list_json,
-    syncloop_error,
-)
+from trio_kubelet.server.health import healthz_report, pleg_error, syncloop_error
+from trio_kubelet.server.routes_node import node_blueprints, pod_list_json
 from trio_kubelet.server.serve import serve_app
 from trio_kubelet.server.view import NodeView
 from trio_kubelet.status.store import PodStatusStore

@@ -1,6 +1,6 @@
 """The Quart-Trio application of one kubelet server: blueprints, auth, limits, errors, metrics.
 
-Every server (10250, 10255, 10248) is an app made here from route blueprints.
+The servers on 10250 and 10255 are apps made here from route blueprints.
 Around them it adds what the Go kubelet's server adds around its handlers:
 authentication then authorisation (10250 only), plain-text error bodies in the Go
 shapes (``404 page not found``, ``Unauthorized``, ``Forbidden (user=…)``), a

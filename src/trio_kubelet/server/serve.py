@@ -1,6 +1,7 @@
 """Running the kubelet's HTTP servers in the caller's nursery: 10250 HTTPS, 10255, 10248.
 
-Each server is Hypercorn's trio connection handler (``hypercorn.trio.tcp_server``)
+The healthz port has its own small server (``healthz_server.py``, see there why). The
+other two are Hypercorn's trio connection handler (``hypercorn.trio.tcp_server``)
 behind our own accept loop. Owning the loop gives three things ``hypercorn.trio.serve``
 does not: the TLS handshake happens here first, so the client certificate it
 verified is handed to the app (as the ASGI ``tls`` scope extension, through a
@@ -19,7 +20,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import ssl
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
@@ -39,8 +40,9 @@ from quart_trio import QuartTrio
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.server.app import MAX_BODY_BYTES, create_app
 from trio_kubelet.server.auth import Authorizer, RequestAuthenticator, ReviewClient, build_auth
+from trio_kubelet.server.health import NodeHealth
+from trio_kubelet.server.healthz_server import serve_healthz
 from trio_kubelet.server.openssl_stream import OpenSSLStream
-from trio_kubelet.server.routes_node import healthz_blueprint
 from trio_kubelet.server.spdy_proxy import UpgradeRequest, read_first_request, serve_upgrade
 from trio_kubelet.server.tls import (
     TLSConfigError,
@@ -308,11 +310,12 @@ async def serve_app(app: QuartTrio, host: str, port: int, *,
 
 @dataclass(frozen=True)
 class _Server:
+    """One server to run: ``serve(listeners, task_status=)`` on ``host:port``."""
+
     name: str
-    app: QuartTrio
     host: str
     port: int
-    tls_context: SSL.Context | None = None
+    serve: Callable[..., Awaitable[None]]
 
 
 def _servers(view: NodeView, blueprints_full: Sequence[Blueprint],
@@ -320,18 +323,23 @@ def _servers(view: NodeView, blueprints_full: Sequence[Blueprint],
              authenticator: RequestAuthenticator, authorizer: Authorizer | None,
              metrics: AgentMetrics | None, limits: HTTPLimits) -> list[_Server]:
     config = view.options.config
-    servers = [_Server("kubelet", create_app(
+    kubelet = create_app(
         view, blueprints_full, authenticator=authenticator, authorizer=authorizer,
-        metrics=metrics, server_type="readwrite", max_body_bytes=limits.max_body_bytes),
-        config.address, config.port, tls_context)]
+        metrics=metrics, server_type="readwrite", max_body_bytes=limits.max_body_bytes)
+    servers = [_Server("kubelet", config.address, config.port, partial(
+        serve_listeners, kubelet, tls_context=tls_context, limits=limits, name="kubelet"))]
     if config.read_only_port > 0:
-        servers.append(_Server("read-only", create_app(
-            view, blueprints_read_only, metrics=metrics, server_type="readonly",
-            max_body_bytes=limits.max_body_bytes), config.address, config.read_only_port))
+        read_only = create_app(view, blueprints_read_only, metrics=metrics,
+                               server_type="readonly", max_body_bytes=limits.max_body_bytes)
+        servers.append(_Server("read-only", config.address, config.read_only_port, partial(
+            serve_listeners, read_only, limits=limits, name="read-only")))
     if config.healthz_port > 0:
-        servers.append(_Server("healthz", create_app(
-            view, [healthz_blueprint(view)], max_body_bytes=limits.max_body_bytes),
-            config.healthz_bind_address, config.healthz_port))
+        servers.append(_Server("healthz", config.healthz_bind_address, config.healthz_port,
+                               partial(serve_healthz, NodeHealth(view),
+                                       max_header_bytes=limits.max_header_bytes,
+                                       idle_timeout=limits.idle_timeout,
+                                       max_body_bytes=limits.max_body_bytes,
+                                       max_connections=limits.max_connections)))
     return servers
 
 
@@ -350,7 +358,8 @@ async def run_servers(view: NodeView, blueprints_full: Sequence[Blueprint],
       (``authenticator``/``authorizer``, or built from the configuration, asking
       ``review``'s API server for TokenReviews and SubjectAccessReviews);
     - ``address:readOnlyPort`` plain HTTP with ``blueprints_read_only``, no auth, if > 0;
-    - ``healthzBindAddress:healthzPort`` plain HTTP, /healthz only, if > 0.
+    - ``healthzBindAddress:healthzPort`` plain HTTP, /healthz only, if > 0 (its own small
+      server, ``healthz_server.py``).
 
     Every port is bound before any is served, so a port in use or an unusable
     certificate raises ServerStartError here, with nothing left listening.
@@ -375,9 +384,7 @@ async def run_servers(view: NodeView, blueprints_full: Sequence[Blueprint],
         addresses: dict[str, Address] = {}
         async with trio.open_nursery() as nursery:
             for server, listeners in zip(servers, bound, strict=True):
-                addresses[server.name] = await nursery.start(partial(
-                    serve_listeners, server.app, listeners, tls_context=server.tls_context,
-                    limits=limits, name=server.name))
+                addresses[server.name] = await nursery.start(server.serve, listeners)
             task_status.started(ServerAddresses(addresses["kubelet"], addresses.get("read-only"),
                                                 addresses.get("healthz")))
     finally:
