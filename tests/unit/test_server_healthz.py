@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from functools import partial
 from pathlib import Path
 from typing import cast
@@ -159,3 +159,21 @@ async def test_a_failing_check_is_a_500_for_that_request_only(
         assert (await client.get("/healthz/pleg")).text == "ok"
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
         "GET /healthz/pleg: handler failed: RuntimeError: status store gone"]
+
+
+async def test_a_client_that_does_not_read_its_answers_is_closed() -> None:
+    exclude = "x" * 3000  # each answer names it back: ~3 KB
+    request = f"GET /healthz?exclude={exclude} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    async with healthz_server(Times(), idle_timeout=0.3) as port:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        # Far more answers than the socket buffers hold, none of them read while sending.
+        with trio.move_on_after(2), suppress(trio.BrokenResourceError):
+            await stream.send_all(request * 5000)
+        received = 0
+        with trio.fail_after(5), suppress(trio.BrokenResourceError):
+            while chunk := await stream.receive_some(1 << 16):
+                received += len(chunk)
+        assert received < 5000 * 3000, "the server gave up on the client mid-way"
+        await stream.aclose()
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(f"http://127.0.0.1:{port}/healthz")).text == "ok"
