@@ -275,9 +275,13 @@ async def test_cancellation_closes_the_ports(tmp_path: Path) -> None:
 # --- hostile clients ---------------------------------------------------------------------------
 
 
-def healthz_view(tmp_path: Path) -> tuple[NodeView, int]:
+# Both kinds of server: the healthz port's own (h11) and Hypercorn's (the read-only port).
+PLAIN_PORTS = pytest.mark.parametrize("port_field", ["healthzPort", "readOnlyPort"])
+
+
+def plain_view(tmp_path: Path, port_field: str) -> tuple[NodeView, int]:
     port = free_port()
-    return make_view(tmp_path, **OPEN, healthzPort=port), port
+    return make_view(tmp_path, **OPEN, **{port_field: port}), port
 
 
 async def read_all(stream: trio.SocketStream) -> bytes:
@@ -287,8 +291,10 @@ async def read_all(stream: trio.SocketStream) -> bytes:
     return data
 
 
-async def test_a_slow_client_neither_blocks_others_nor_stays_forever(tmp_path: Path) -> None:
-    view, port = healthz_view(tmp_path)
+@PLAIN_PORTS
+async def test_a_slow_client_neither_blocks_others_nor_stays_forever(
+        tmp_path: Path, port_field: str) -> None:
+    view, port = plain_view(tmp_path, port_field)
     async with servers(view, limits=HTTPLimits(idle_timeout=1.0)):
         slow = await trio.open_tcp_stream("127.0.0.1", port)
         request_head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"y" * 100
@@ -313,8 +319,9 @@ async def test_a_slow_client_neither_blocks_others_nor_stays_forever(tmp_path: P
         await slow.aclose()
 
 
-async def test_oversized_headers_are_refused(tmp_path: Path) -> None:
-    view, port = healthz_view(tmp_path)
+@PLAIN_PORTS
+async def test_oversized_headers_are_refused(tmp_path: Path, port_field: str) -> None:
+    view, port = plain_view(tmp_path, port_field)
     async with servers(view, limits=HTTPLimits(max_header_bytes=4096)):
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         await stream.send_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"y" * 8192)
@@ -326,8 +333,9 @@ async def test_oversized_headers_are_refused(tmp_path: Path) -> None:
             assert (await client.get(f"http://127.0.0.1:{port}/healthz")).text == "ok"
 
 
-async def test_connections_beyond_the_limit_are_closed(tmp_path: Path) -> None:
-    view, port = healthz_view(tmp_path)
+@PLAIN_PORTS
+async def test_connections_beyond_the_limit_are_closed(tmp_path: Path, port_field: str) -> None:
+    view, port = plain_view(tmp_path, port_field)
     async with servers(view, limits=HTTPLimits(max_connections=2)):
         idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
         await trio.sleep(0.05)

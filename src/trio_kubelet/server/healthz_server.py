@@ -29,6 +29,7 @@ from urllib.parse import unquote, urlsplit
 import h11
 import trio
 
+from trio_kubelet.server.connections import limit_connections
 from trio_kubelet.server.health import NodeHealth
 
 log = logging.getLogger(__name__)
@@ -43,12 +44,6 @@ class _Limits:
     max_header_bytes: int
     idle_timeout: float
     max_body_bytes: int
-    max_connections: int
-
-
-@dataclass
-class _Connections:
-    open: int = 0
 
 
 class _HTTPDate:
@@ -147,13 +142,8 @@ async def _exchange(health: NodeHealth, conn: h11.Connection, stream: trio.Socke
     return True
 
 
-async def _serve_connection(health: NodeHealth, limits: _Limits, connections: _Connections,
+async def _serve_connection(health: NodeHealth, limits: _Limits,
                             stream: trio.SocketStream) -> None:
-    if connections.open >= limits.max_connections:
-        log.debug("Too many connections (%d), closing a new one", connections.open)
-        await trio.aclose_forcefully(stream)
-        return
-    connections.open += 1
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
     try:
         going = True
@@ -175,7 +165,6 @@ async def _serve_connection(health: NodeHealth, limits: _Limits, connections: _C
     except Exception as exc:  # one broken connection must never take the server down
         log.error("healthz connection failed: %s: %s", type(exc).__name__, exc)
     finally:
-        connections.open -= 1
         await trio.aclose_forcefully(stream)
 
 
@@ -187,8 +176,8 @@ async def serve_healthz(health: NodeHealth, listeners: Sequence[trio.SocketListe
     """Answer health requests on bound ``listeners`` until cancelled (the caller closes them);
     reports the first listener's ``(host, port)`` once serving."""
     host, port = listeners[0].socket.getsockname()[:2]
-    limits = _Limits(max_header_bytes, idle_timeout, max_body_bytes, max_connections)
-    handler = partial(_serve_connection, health, limits, _Connections())
+    limits = _Limits(max_header_bytes, idle_timeout, max_body_bytes)
+    handler = limit_connections(partial(_serve_connection, health, limits), max_connections)
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handler, list(listeners))
         log.info("%s server listening on http://%s:%d", name, host, port)

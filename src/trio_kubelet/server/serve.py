@@ -40,6 +40,7 @@ from quart_trio import QuartTrio
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.server.app import MAX_BODY_BYTES, create_app
 from trio_kubelet.server.auth import Authorizer, RequestAuthenticator, ReviewClient, build_auth
+from trio_kubelet.server.connections import limit_connections
 from trio_kubelet.server.health import NodeHealth
 from trio_kubelet.server.healthz_server import serve_healthz
 from trio_kubelet.server.openssl_stream import OpenSSLStream
@@ -144,12 +145,6 @@ class _PeerTLSScope:
         await self.app(scope, receive, send)
 
 
-@dataclass
-class _Connections:
-    limit: int
-    open: int = 0
-
-
 class _PeerStream:
     """A connection's stream that tells when the peer has stopped sending, and first gives
     back the bytes read before Hypercorn took the connection (``unread``).
@@ -206,13 +201,7 @@ async def _first_request(stream: trio.abc.Stream, config: HypercornConfig
 
 
 async def _serve_connection(app: ASGIWrapper, config: HypercornConfig, state: dict[str, Any],
-                            tls_context: SSL.Context | None, connections: _Connections,
-                            tcp: trio.SocketStream) -> None:
-    if connections.open >= connections.limit:
-        log.debug("Too many connections (%d), closing a new one", connections.open)
-        await trio.aclose_forcefully(tcp)
-        return
-    connections.open += 1
+                            tls_context: SSL.Context | None, tcp: trio.SocketStream) -> None:
     try:
         stream: Any = tcp
         if tls_context is not None:
@@ -240,8 +229,6 @@ async def _serve_connection(app: ASGIWrapper, config: HypercornConfig, state: di
     except Exception as exc:  # one broken connection must never take the server down
         log.error("HTTP connection failed: %s: %s", type(exc).__name__, exc)
         await trio.aclose_forcefully(tcp)
-    finally:
-        connections.open -= 1
 
 
 async def _stop_lifespan(lifespan: Lifespan, timeout: float) -> None:
@@ -278,8 +265,8 @@ async def serve_listeners(app: QuartTrio, listeners: Sequence[trio.SocketListene
     host, port = listeners[0].socket.getsockname()[:2]
     state: dict[str, Any] = {}
     lifespan = Lifespan(asgi, config, state)
-    handler = partial(_serve_connection, asgi, config, state, tls_context,
-                      _Connections(limits.max_connections))
+    handler = limit_connections(partial(_serve_connection, asgi, config, state, tls_context),
+                                limits.max_connections)
     try:
         async with trio.open_nursery() as lifespan_nursery:
             await lifespan_nursery.start(lifespan.handle_lifespan)
