@@ -244,8 +244,8 @@ class WatchedStore(PodStatusStore):
         super().__init__()
         self._probe = probe
 
-    def set(self, pod: Pod, status: PodStatus) -> None:
-        super().set(pod, status)
+    def set(self, pod: Pod, status: PodStatus, *, stopped: bool = False) -> None:
+        super().set(pod, status, stopped=stopped)
         uid = pod.metadata.uid
         probe = self._probe
         if uid in probe.watched and uid not in probe.running and any(
