@@ -15,6 +15,7 @@ import trio
 
 from trio_kubelet.config import AgentOptions, KubeletConfiguration
 from trio_kubelet.runtime.client import CRIClient
+from trio_kubelet.server.connections import HTTPLimits
 from trio_kubelet.server.health import NodeHealth
 from trio_kubelet.server.healthz_server import serve_healthz
 from trio_kubelet.server.view import NodeView
@@ -44,8 +45,9 @@ async def healthz_server(times: Times, *, max_body_bytes: int = 1024,
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     async with trio.open_nursery() as nursery:
         _, port = await nursery.start(partial(
-            serve_healthz, NodeHealth(view), listeners, max_header_bytes=4096,
-            idle_timeout=idle_timeout, max_body_bytes=max_body_bytes, max_connections=8))
+            serve_healthz, NodeHealth(view), listeners, limits=HTTPLimits(
+                max_header_bytes=4096, idle_timeout=idle_timeout, max_body_bytes=max_body_bytes,
+                max_connections=8)))
         yield port
         nursery.cancel_scope.cancel()
     for listener in listeners:

@@ -1,15 +1,34 @@
-"""Bounding how many connections one server holds open at once."""
+"""What one client may cost a server (``HTTPLimits``), and the cap on open connections."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import trio
 
+from trio_kubelet.server.app import MAX_BODY_BYTES
+
 log = logging.getLogger(__name__)
 
-__all__ = ["limit_connections"]
+__all__ = ["HTTPLimits", "limit_connections"]
+
+
+@dataclass(frozen=True)
+class HTTPLimits:
+    """What one client may cost a server."""
+
+    max_header_bytes: int = 64 * 1024
+    # Idle keep-alive connections are closed after this, and it is also the time a client
+    # has to send a complete request head (Go's IdleTimeout is 90 s).
+    idle_timeout: float = 90.0
+    tls_handshake_timeout: float = 10.0
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_connections: int = 1024
+    max_concurrent_streams: int = 100  # per HTTP/2 connection
+    shutdown_timeout: float = 5.0
+
 
 ConnectionHandler = Callable[[trio.SocketStream], Awaitable[None]]
 

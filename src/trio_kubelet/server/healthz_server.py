@@ -19,7 +19,6 @@ import logging
 import time
 from collections.abc import Sequence
 from contextlib import suppress
-from dataclasses import dataclass
 from email.utils import formatdate
 from functools import partial
 from http import HTTPStatus
@@ -29,7 +28,7 @@ from urllib.parse import unquote, urlsplit
 import h11
 import trio
 
-from trio_kubelet.server.connections import limit_connections
+from trio_kubelet.server.connections import HTTPLimits, limit_connections
 from trio_kubelet.server.health import NodeHealth
 
 log = logging.getLogger(__name__)
@@ -37,13 +36,6 @@ log = logging.getLogger(__name__)
 __all__ = ["serve_healthz"]
 
 _METHODS = (b"GET", b"HEAD")
-
-
-@dataclass(frozen=True)
-class _Limits:
-    max_header_bytes: int
-    idle_timeout: float
-    max_body_bytes: int
 
 
 class _HTTPDate:
@@ -142,7 +134,7 @@ async def _exchange(health: NodeHealth, conn: h11.Connection, stream: trio.Socke
     return True
 
 
-async def _serve_connection(health: NodeHealth, limits: _Limits,
+async def _serve_connection(health: NodeHealth, limits: HTTPLimits,
                             stream: trio.SocketStream) -> None:
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
     try:
@@ -169,15 +161,14 @@ async def _serve_connection(health: NodeHealth, limits: _Limits,
 
 
 async def serve_healthz(health: NodeHealth, listeners: Sequence[trio.SocketListener], *,
-                        max_header_bytes: int, idle_timeout: float, max_body_bytes: int,
-                        max_connections: int, name: str = "healthz",
+                        limits: HTTPLimits, name: str = "healthz",
                         task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
                         ) -> None:
     """Answer health requests on bound ``listeners`` until cancelled (the caller closes them);
     reports the first listener's ``(host, port)`` once serving."""
     host, port = listeners[0].socket.getsockname()[:2]
-    limits = _Limits(max_header_bytes, idle_timeout, max_body_bytes)
-    handler = limit_connections(partial(_serve_connection, health, limits), max_connections)
+    handler = limit_connections(partial(_serve_connection, health, limits),
+                                limits.max_connections)
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handler, list(listeners))
         log.info("%s server listening on http://%s:%d", name, host, port)

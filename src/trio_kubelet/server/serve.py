@@ -38,9 +38,9 @@ from quart import Blueprint
 from quart_trio import QuartTrio
 
 from trio_kubelet.metrics import AgentMetrics
-from trio_kubelet.server.app import MAX_BODY_BYTES, create_app
+from trio_kubelet.server.app import create_app
 from trio_kubelet.server.auth import Authorizer, RequestAuthenticator, ReviewClient, build_auth
-from trio_kubelet.server.connections import limit_connections
+from trio_kubelet.server.connections import HTTPLimits, limit_connections
 from trio_kubelet.server.health import NodeHealth
 from trio_kubelet.server.healthz_server import serve_healthz
 from trio_kubelet.server.openssl_stream import OpenSSLStream
@@ -73,21 +73,6 @@ _PEER_TLS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVa
 
 class ServerStartError(Exception):
     """A server could not start (port in use, bad certificate); ``str()`` says which."""
-
-
-@dataclass(frozen=True)
-class HTTPLimits:
-    """What one client may cost a server."""
-
-    max_header_bytes: int = 64 * 1024
-    # Idle keep-alive connections are closed after this, and it is also the time a client
-    # has to send a complete request head (Go's IdleTimeout is 90 s).
-    idle_timeout: float = 90.0
-    tls_handshake_timeout: float = 10.0
-    max_body_bytes: int = MAX_BODY_BYTES
-    max_connections: int = 1024
-    max_concurrent_streams: int = 100  # per HTTP/2 connection
-    shutdown_timeout: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -322,11 +307,7 @@ def _servers(view: NodeView, blueprints_full: Sequence[Blueprint],
             serve_listeners, read_only, limits=limits, name="read-only")))
     if config.healthz_port > 0:
         servers.append(_Server("healthz", config.healthz_bind_address, config.healthz_port,
-                               partial(serve_healthz, NodeHealth(view),
-                                       max_header_bytes=limits.max_header_bytes,
-                                       idle_timeout=limits.idle_timeout,
-                                       max_body_bytes=limits.max_body_bytes,
-                                       max_connections=limits.max_connections)))
+                               partial(serve_healthz, NodeHealth(view), limits=limits)))
     return servers
 
 
