@@ -71,6 +71,8 @@ KEYS = {"/healthz": "healthz", "/pods": "pods", "/stats/summary": "summary",
         "/metrics/cadvisor": "cadvisor"}
 TARGETS = {"healthz_p99_ms": 5, "pods_p99_ms": 50, "summary_p99_ms": 100, "cadvisor_p99_ms": 100}
 REQUEST_TIMEOUT = 30.0
+# What a failed request of the load raises: counted as an error by its type.
+LOAD_ERRORS = (OSError, trio.BrokenResourceError, trio.TooSlowError, h11.ProtocolError)
 PHASE_TIMEOUT = 300.0
 
 def free_ports(count: int) -> list[int]:
@@ -232,7 +234,7 @@ async def drive(base: str, path: str, clients: int, *, total: int | None = None,
         try:
             with trio.fail_after(REQUEST_TIMEOUT):
                 status, size = await client.get(path)
-        except (OSError, trio.BrokenResourceError, trio.TooSlowError, h11.ProtocolError) as exc:
+        except LOAD_ERRORS as exc:
             error(type(exc).__name__)
             return
         latencies.append((time.perf_counter() - start) * 1000)
@@ -246,7 +248,7 @@ async def drive(base: str, path: str, clients: int, *, total: int | None = None,
         try:
             with trio.fail_after(REQUEST_TIMEOUT):
                 await client.get(path)
-        except (OSError, trio.BrokenResourceError, trio.TooSlowError, h11.ProtocolError) as exc:
+        except LOAD_ERRORS as exc:
             error(f"warm-up {type(exc).__name__}")
         warm[0] += 1
         if warm[0] == clients:
