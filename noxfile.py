@@ -6,6 +6,9 @@ project with its test and dev extras once, and CI does not download everything a
 
 from __future__ import annotations
 
+import glob
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -27,6 +30,35 @@ def tests(session: nox.Session) -> None:
     Arguments after `--` replace the default path: `nox -s tests -- tests/integration -x`.
     """
     session.run(PYTHON, "-m", "pytest", "-q", "--ignore=tests/e2e", *(session.posargs or ["tests"]))
+
+
+PY313_TESTS = [
+    "tests/unit", "tests/property", "tests/scenarios",
+    # The agent as a process (`python -m trio_kubelet`) and in-process on a real containerd.
+    "tests/integration/test_agent_restart.py", "tests/integration/test_static_pods.py",
+]
+
+
+@nox.session
+def py313(session: nox.Session) -> None:
+    """The unit, property and scenario tiers and two containerd modules on Python 3.13.
+
+    The project is installed with `pip install '.[test]'` (not editable) into a 3.13
+    virtualenv under ~/.cache/trio-kubelet, so the tests run what a user's install gets.
+    Needs `python3.13` on PATH or pyenv's 3.13. Arguments after `--` replace the paths.
+    """
+    interpreter = shutil.which("python3.13") or max(
+        glob.glob(str(Path.home() / ".pyenv/versions/3.13*/bin/python3.13")), default=None)
+    if interpreter is None:
+        session.error("no Python 3.13: install one (pyenv has 3.13.0 on these machines)")
+    cache = Path(os.environ.get("TRIO_KUBELET_CACHE", Path.home() / ".cache/trio-kubelet"))
+    python = cache / "py313" / "bin" / "python"
+    if not python.exists():
+        session.run(interpreter, "-m", "venv", str(python.parents[1]), external=True)
+    session.run(str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q",
+                f"{ROOT}[test]", external=True)
+    session.run(str(python), "-m", "pytest", "-q", *(session.posargs or PY313_TESTS),
+                external=True)
 
 
 @nox.session

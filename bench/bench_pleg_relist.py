@@ -1,7 +1,7 @@
 """Benchmark the PLEG relist (ListPodSandbox + ListContainers + grouping) against the fake runtime.
 
 The fake runs in a child process, so the CPU figures are the agent side's alone (client, grpclib,
-trio-asyncio, decoding, grouping). Two shapes are measured: ``--pods`` x ``--containers``
+the asyncio thread hop, decoding, grouping). Two shapes are measured: ``--pods`` x ``--containers``
 (default 50 x 5 = 250 containers) and 110 pods x 1 container (220 objects, the steady-state CPU
 target: at most 3 % of a core with a 1 s relist period). For each, the relist as the agent does it
 (upb-decoded ``*_brief`` list calls, `runtime.inspect.relist`) and the previous path (the same two

@@ -215,10 +215,10 @@ class Probe:
 
     calls: list[Call] = field(default_factory=list)
     scans: list[tuple[float, float, object]] = field(default_factory=list)  # start, end, update
-    scan_cpu: list[float] = field(default_factory=list)  # thread CPU time at each scan start
+    scan_cpu: list[float] = field(default_factory=list)  # process CPU time at each scan start
     added: dict[str, float] = field(default_factory=dict)  # uid -> "Added pod" logged
     running: dict[str, float] = field(default_factory=dict)  # uid -> running status published
-    running_cpu: dict[str, float] = field(default_factory=dict)  # uid -> thread CPU time then
+    running_cpu: dict[str, float] = field(default_factory=dict)  # uid -> process CPU time then
     watched: set[str] = field(default_factory=set)
     profiler: Any = None
     profiling: bool = False
@@ -252,7 +252,7 @@ class WatchedStore(PodStatusStore):
             s.name == CONTAINER and s.state.running is not None for s in status.container_statuses
         ):
             probe.running[uid] = time.perf_counter()
-            probe.running_cpu[uid] = time.thread_time()
+            probe.running_cpu[uid] = time.process_time()
             probe.stop_profile()
 
 
@@ -278,7 +278,7 @@ def wrap_static_source(probe: Probe) -> None:
     original = static_files._StaticPodFiles.rescan
 
     def rescan(self: static_files._StaticPodFiles) -> Any:
-        start, cpu = time.perf_counter(), time.thread_time()
+        start, cpu = time.perf_counter(), time.process_time()
         probe.start_profile()
         update = original(self)
         probe.scans.append((start, time.perf_counter(), update))
@@ -331,7 +331,7 @@ class PodSample:
     cri_ms: float
     source_ms: float  # t0 -> sync loop "Added pod"
     files: int  # manifest files in the directory when the pod was delivered
-    agent_cpu_ms: float  # CPU time of the agent's thread (trio + asyncio) in [t0, t1]
+    agent_cpu_ms: float  # CPU of the agent's process (trio + the CRI asyncio thread) in [t0, t1]
     calls: int
     cri_client_ms: float | None  # observer minus containerd-logged time, 3 mutating calls
     cri_server_known_ms: float | None
@@ -591,7 +591,7 @@ def summarize(samples: list[PodSample], floor_ms: float) -> dict[str, Any]:
         "wall_ms": stats([s.wall_ms for s in samples]),
         "cri_ms": stats([s.cri_ms for s in samples]),
         "overhead_ms": stats([s.overhead_ms for s in samples]),
-        # Insensitive to other load on the machine: what the agent's thread itself burnt.
+        # Insensitive to other load on the machine: what the agent's threads themselves burnt.
         "agent_cpu_ms": stats([s.agent_cpu_ms for s in samples]),
         "breakdown_ms": {
             "source_to_sync_loop": stats([s.source_ms for s in samples

@@ -38,7 +38,7 @@ import trio_kubelet.agent
 from trio_kubelet.cli import main as kubelet_main
 from trio_kubelet.cli import parse_run_options
 from trio_kubelet.clock import TrioWallClock
-from trio_kubelet.runtime.fake import ContainerScript, serve_fake_runtime
+from trio_kubelet.runtime.fake import ContainerScript, FakeRuntime, in_process_opener
 
 NODE = "bench"
 EPOCH = 1_700_000_000.0
@@ -111,14 +111,19 @@ async def _run_agent(workdir: Path) -> None:
             str(workdir / "source.jsonl"),
         ]
     )
-    async with serve_fake_runtime(sock, clock=_agent_clock().now) as fake:
-        for pod, (_, _, _, scripts) in PODS.items():
-            for container, script in scripts.items():
-                fake.script(f"{pod}-{NODE}", container, script)
+    fake = FakeRuntime(_agent_clock().now)
+    for pod, (_, _, _, scripts) in PODS.items():
+        for container, script in scripts.items():
+            fake.script(f"{pod}-{NODE}", container, script)
+    agent: Any = trio_kubelet.agent
+    original, agent.open_cri_client = agent.open_cri_client, in_process_opener(fake)
+    try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(trio_kubelet.agent.run_agent, options)
+            nursery.start_soon(agent.run_agent, options)
             await trio.sleep(RECORD_FOR)
             nursery.cancel_scope.cancel()
+    finally:
+        agent.open_cri_client = original
 
 
 def _agent_clock() -> TrioWallClock:

@@ -47,7 +47,7 @@ def fake_process(sock: str, populate: Callable[[FakeRuntime], None], *,
                  clock: Callable[[], float] = time.time) -> Iterator[int]:
     """A fake runtime filled by ``populate``, served on ``sock`` by a child process; its pid.
 
-    The child serves from a plain asyncio loop (no trio-asyncio in between), so the
+    The child serves from a plain asyncio loop (the fake answering on it directly), so the
     runtime side answers as fast as one process can and the figures are the agent's.
     """
     context = multiprocessing.get_context("fork")  # before any trio loop runs in this process

@@ -165,7 +165,7 @@ def grpc_health_server() -> Iterator[tuple[int, Health]]:
     """A standard gRPC health service on 127.0.0.1, in an asyncio loop of its own thread."""
     port = free_port()
     health = Health()
-    loop = asyncio.SelectorEventLoop()  # not the policy's: trio-asyncio replaced that
+    loop = asyncio.new_event_loop()
     started = threading.Event()
 
     async def serve() -> Server:

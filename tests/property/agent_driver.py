@@ -1,4 +1,4 @@
-"""A whole agent (SyncLoop, pod workers, PLEG, real CRI client) on the fake runtime, run by a test.
+"""A whole agent (SyncLoop, pod workers, PLEG, CRI client) on the fake runtime, run by a test.
 
 `TrioPortal` runs one ``trio.run`` under a `trio.testing.MockClock` in a background
 thread, so synchronous code (a hypothesis state machine) can drive it: every
@@ -6,7 +6,8 @@ thread, so synchronous code (a hypothesis state machine) can drive it: every
 Virtual time only moves inside `Node.advance` / `Node.wait_until` (autojump is
 switched on just for them), so nothing happens while the calling thread thinks.
 
-`Node` is the world: a `RecordingFake` served on a unix socket, the pod set the
+`Node` is the world: a `RecordingFake` the agent's CRI client reaches in-process
+(``open_fake_runtime``: on trio, so the MockClock sees every call), the pod set the
 "file" source wants, and at most one agent run on it that can be stopped, crashed
 in the middle of a CRI call, and started again (it must adopt what is there).
 """
@@ -35,10 +36,10 @@ from trio_kubelet.model.pod import Pod, PodStatus, is_sidecar
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import WorkerContext
 from trio_kubelet.runtime import labels
-from trio_kubelet.runtime.client import CRIClient, open_cri_client
+from trio_kubelet.runtime.client import CRIClient
 from trio_kubelet.runtime.cri.runtime import v1
 from trio_kubelet.runtime.errors import CRIError
-from trio_kubelet.runtime.fake import ContainerScript, FakeRuntime, serve_fake_runtime
+from trio_kubelet.runtime.fake import ContainerScript, FakeRuntime, open_fake_runtime
 from trio_kubelet.runtime.inspect import inspect_pod
 from trio_kubelet.sources.pleg import run_pleg
 from trio_kubelet.sources.static_files import static_pod
@@ -390,10 +391,9 @@ class Node:
     """The fake runtime, the pod set the file source wants, and the current agent run."""
 
     def __init__(self, clock: trio.testing.MockClock, nursery: trio.Nursery,
-                 fake: RecordingFake, socket: Path, logs: Path, wall: TrioWallClock) -> None:
+                 fake: RecordingFake, logs: Path, wall: TrioWallClock) -> None:
         self.clock = clock
         self.fake = fake
-        self.socket = socket
         self.logs = logs
         self.wall = wall
         self.desired: dict[str, Pod] = {}  # by UID: the "file" source's current pod set
@@ -444,7 +444,7 @@ class Node:
         done = trio.Event()
         try:
             with trio.CancelScope() as scope:
-                async with open_cri_client(f"unix://{self.socket}", timeout=CRI_TIMEOUT) as client:
+                async with open_fake_runtime(self.fake, timeout=CRI_TIMEOUT) as (_, client):
                     store = PodStatusStore()
                     ctx = WorkerContext(client=client, images=ImageManager(client), store=store,
                                         clock=self.wall, pod_logs_dir=self.logs)
@@ -502,18 +502,16 @@ class Node:
 
 @asynccontextmanager
 async def open_node(clock: trio.testing.MockClock) -> AsyncIterator[Node]:
-    """A fake runtime on a fresh socket (no agent yet); everything is removed afterwards."""
-    # Under /tmp: a unix socket path must stay under 108 bytes.
+    """A fake runtime (no agent yet); everything is removed afterwards."""
     root = Path(tempfile.mkdtemp(prefix="tk-agent-", dir="/tmp"))
     wall = TrioWallClock(epoch=EPOCH)
     desired: dict[str, Pod] = {}
 
     fake = RecordingFake(wall.now, desired.get)
-    socket = root / "cri.sock"
     try:
-        async with serve_fake_runtime(socket, fake), trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:
             fake.add_image(IMAGE)
-            node = Node(clock, nursery, fake, socket, root / "logs", wall)
+            node = Node(clock, nursery, fake, root / "logs", wall)
             node.desired = desired
             try:
                 yield node

@@ -34,9 +34,8 @@ from trio_kubelet.model.pod import ContainerStatus, Pod
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import WorkerContext
 from trio_kubelet.runtime import labels
-from trio_kubelet.runtime.client import open_cri_client
 from trio_kubelet.runtime.cri.runtime import v1
-from trio_kubelet.runtime.fake import ContainerScript, ExecResult, FakeRuntime, serve_fake_runtime
+from trio_kubelet.runtime.fake import ContainerScript, ExecResult, FakeRuntime, open_fake_runtime
 from trio_kubelet.status.store import PodStatusStore
 
 T0 = 1_700_000_000.0
@@ -188,11 +187,9 @@ class Node:
 @asynccontextmanager
 async def fake_node(tmp_path: Path) -> AsyncIterator[Node]:
     wall = TrioWallClock(epoch=T0)
-    sock = tmp_path / "cri.sock"
     events = Reported()
     async with (
-        serve_fake_runtime(sock, clock=wall.now) as fake,
-        open_cri_client(f"unix://{sock}", timeout=5.0) as client,
+        open_fake_runtime(clock=wall.now, timeout=5.0) as (fake, client),
     ):
         fake.add_image(IMAGE)
         store = PodStatusStore()

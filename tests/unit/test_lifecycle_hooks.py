@@ -14,9 +14,9 @@ import trio
 from tests.net import free_port
 from trio_kubelet.model.pod import Container, LifecycleHandler, Pod
 from trio_kubelet.reconcile.hooks import USER_AGENT, run_hook
-from trio_kubelet.runtime.client import CRIClient, open_cri_client
+from trio_kubelet.runtime.client import CRIClient
 from trio_kubelet.runtime.cri.runtime import v1
-from trio_kubelet.runtime.fake import ContainerScript, ExecResult, FakeRuntime, serve_fake_runtime
+from trio_kubelet.runtime.fake import ContainerScript, ExecResult, FakeRuntime, open_fake_runtime
 
 POD = Pod.model_validate(
     {
@@ -64,8 +64,7 @@ async def http_server(status: str, seen: list[str]) -> AsyncIterator[int]:
 
 @asynccontextmanager
 async def runtime(tmp_path: Path) -> AsyncIterator[tuple[CRIClient, FakeRuntime]]:
-    sock = tmp_path / "cri.sock"
-    async with serve_fake_runtime(sock) as fake, open_cri_client(f"unix://{sock}") as client:
+    async with open_fake_runtime() as (fake, client):
         yield client, fake
 
 

@@ -37,9 +37,8 @@ from trio_kubelet.reconcile.container_setup import NodeFacts
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import WorkerContext
 from trio_kubelet.runtime import configs
-from trio_kubelet.runtime.client import open_cri_client
 from trio_kubelet.runtime.cri.runtime import v1
-from trio_kubelet.runtime.fake import serve_fake_runtime
+from trio_kubelet.runtime.fake import open_fake_runtime
 from trio_kubelet.status.store import PodStatusStore
 
 UID = "9a1c2e3f-0000-4000-8000-000000000002"
@@ -432,10 +431,8 @@ async def test_pod_workers_send_the_dns_config_and_report_its_warnings(
     wall = TrioWallClock(epoch=1_700_000_000.0)
     events = _Reported()
     settings = DNSSettings(cluster_domain="cluster.local", resolv_conf="/r", host=NODE)
-    sock = tmp_path / "cri.sock"
     async with (
-        serve_fake_runtime(sock, clock=wall.now) as fake,
-        open_cri_client(f"unix://{sock}", timeout=5.0, observer=observe) as client,
+        open_fake_runtime(clock=wall.now, timeout=5.0, observer=observe) as (fake, client),
     ):
         fake.add_image("busybox:1.36")
         store = PodStatusStore()

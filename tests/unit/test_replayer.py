@@ -31,7 +31,7 @@ from trio_kubelet.model.pod import Container, Pod
 from trio_kubelet.replay.reader import read_recording
 from trio_kubelet.replay.records import DecisionRecord, Record
 from trio_kubelet.replay.replayer import ReplayResult, replay, replay_in_virtual_time
-from trio_kubelet.runtime.fake import ContainerScript, serve_fake_runtime
+from trio_kubelet.runtime.fake import ContainerScript, FakeRuntime, in_process_opener
 
 NODE = "n1"
 T0 = 1_700_000_000.0
@@ -117,10 +117,11 @@ async def _record(workdir: Path, flags: Sequence[str]) -> None:
             *flags,
         ]
     )
-    wall = TrioWallClock(epoch=T0)
-    async with serve_fake_runtime(sock, clock=wall.now) as fake:
-        for (pod, container), script in SCRIPTS.items():
-            fake.script(f"{pod}-{NODE}", container, script)
+    fake = FakeRuntime(TrioWallClock(epoch=T0).now)
+    for (pod, container), script in SCRIPTS.items():
+        fake.script(f"{pod}-{NODE}", container, script)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trio_kubelet.agent, "open_cri_client", in_process_opener(fake))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run_agent, options)
             await trio.sleep(RUN_FOR)

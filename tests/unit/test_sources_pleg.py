@@ -19,9 +19,8 @@ from trio_kubelet.core.observed import ContainerState, RuntimePodStatus
 from trio_kubelet.events import Event, PodLifecycleEvent, RelistDone
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.runtime import configs
-from trio_kubelet.runtime.client import open_cri_client
 from trio_kubelet.runtime.cri.runtime import v1
-from trio_kubelet.runtime.fake import ContainerScript, FakeRuntime, serve_fake_runtime
+from trio_kubelet.runtime.fake import ContainerScript, FakeRuntime, open_fake_runtime
 from trio_kubelet.sources.pleg import run_pleg
 
 T0 = 1_700_000_000.0
@@ -59,9 +58,7 @@ async def running_pleg(
     on_relist: Callable[[Mapping[str, RuntimePodStatus]], None] | None = None,
 ) -> AsyncIterator[Pleg]:
     wall = TrioWallClock(epoch=T0)
-    sock = tmp_path / "cri.sock"
-    async with serve_fake_runtime(sock, clock=wall.now) as fake, \
-            open_cri_client(f"unix://{sock}", timeout=5.0) as client:
+    async with open_fake_runtime(clock=wall.now, timeout=5.0) as (fake, client):
         fake.add_image(IMAGE)
         # Unbounded, so reading late never delays a relist and relist times stay exact.
         send, receive = trio.open_memory_channel[Event](math.inf)

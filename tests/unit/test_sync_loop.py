@@ -39,9 +39,9 @@ from trio_kubelet.replay.reader import read_recording
 from trio_kubelet.replay.records import Header
 from trio_kubelet.replay.replayer import ReplayResult, replay
 from trio_kubelet.runtime import labels
-from trio_kubelet.runtime.client import CRIClient, open_cri_client
+from trio_kubelet.runtime.client import CRIClient
 from trio_kubelet.runtime.cri.runtime import v1
-from trio_kubelet.runtime.fake import ContainerScript, FakeRuntime, serve_fake_runtime
+from trio_kubelet.runtime.fake import ContainerScript, FakeRuntime, open_fake_runtime
 from trio_kubelet.sources.pleg import run_pleg
 from trio_kubelet.status.store import PodStatusStore
 
@@ -104,9 +104,7 @@ def replay_through_file(
 @asynccontextmanager
 async def fake_runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
     wall = TrioWallClock(epoch=T0)
-    sock = tmp_path / "cri.sock"
-    async with serve_fake_runtime(sock, clock=wall.now) as fake, \
-            open_cri_client(f"unix://{sock}", timeout=5.0) as client:
+    async with open_fake_runtime(clock=wall.now, timeout=5.0) as (fake, client):
         fake.add_image(IMAGE)
         yield Runtime(fake, client, wall, tmp_path / "logs")
 

@@ -230,9 +230,8 @@ class Prober:
         """The standard gRPC health check: SERVING is success, anything else failure."""
         try:
             with trio.fail_after(math.ceil(timeout) + 1):  # grpclib's own timeout comes first
-                status = await grpc_health_check(
-                    self._cri, pod_ip, action.port, action.service or "", timeout
-                )
+                status = await grpc_health_check(pod_ip, action.port, action.service or "",
+                                                 timeout)
         except trio.TooSlowError:
             return ProbeOutcome(
                 ProbeResult.FAILURE, f"timeout: health rpc did not complete within {timeout:g}s"

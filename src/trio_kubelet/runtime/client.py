@@ -1,15 +1,14 @@
-"""The trio-facing CRI client: typed calls over grpclib, hosted in a trio-asyncio loop.
+"""The trio-facing CRI client: typed calls over a transport (grpclib in an asyncio thread).
 
-This is the only module of the agent that knows about grpclib and trio-asyncio.
-Callers get betterproto2 messages (or plain values) back and `CRIError`
-subclasses on failure; deadlines, reconnects and recording hooks live here.
+Callers get betterproto2 messages (or plain values) back and `CRIError` subclasses on
+failure; deadlines and recording hooks live here. How a call reaches the runtime is the
+`Transport`'s business: `GrpclibTransport` (this module, the only one of the agent that
+knows grpclib's client) runs every call on one asyncio loop in a worker thread
+(``asyncio_thread.py``); ``fake.FakeTransport`` answers from the in-process fake runtime on
+trio, for code under trio's MockClock.
 
-Bursts of one call (the GC passes' removals: a crash-looping node can owe thousands)
-run instead on a private asyncio loop in a worker thread (``remove_*s``): through
-trio-asyncio each asyncio callback is a step of the trio scheduler, which makes a burst
-of 1,800 calls ~40 % dearer in CPU (bench/bench_container_gc.py, docs/runtime.md).
-Under trio's MockClock (a virtual clock cannot see a thread working) they stay on the
-client's own loop.
+Bursts of one call (the GC passes' removals: a crash-looping node can owe thousands) go to
+the loop as one batch (``remove_*s``), so a burst costs two thread hops, not two per call.
 
 The hot list calls (the PLEG relist's two, the sampler's container stats) have a
 second form, ``*_brief``, that decodes the reply into upb-backed protobuf messages
@@ -20,31 +19,33 @@ decode (docs/runtime.md).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
-from contextlib import asynccontextmanager, suppress
-from typing import Any, NoReturn, TypeVar
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Protocol, TypeVar
 
 import grpclib
 import grpclib.client
 import grpclib.exceptions
-import outcome
 import trio
-import trio.testing
-import trio_asyncio
 from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
+from .asyncio_thread import AsyncioThread, open_asyncio_thread
 from .cri.runtime import v1
 from .cri_upb.runtime.v1 import api_pb2 as upb
 from .errors import CRIDeadlineExceeded, CRIError, CRIUnavailable, StatusCode, error_for
 
 __all__ = [
+    "CRI_PATHS",
+    "Answer",
     "CRIClient",
+    "GrpclibTransport",
     "HealthCheckError",
     "Observer",
+    "Transport",
+    "deadline_exceeded",
     "grpc_health_check",
     "open_cri_client",
     "socket_path",
@@ -56,6 +57,18 @@ Observer = Callable[[str, Any, Any, float], None]
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT = 120.0  # the Go kubelet's runtimeRequestTimeout default
+
+#: Every unary CRI method's gRPC path by its name ("Version"), read from the generated
+#: service tables so no name is typed twice.
+CRI_PATHS: dict[str, str] = {
+    path.rsplit("/", 1)[1]: path
+    for service in (v1.RuntimeServiceBase(), v1.ImageServiceBase())
+    for path, handler in service.__mapping__().items()
+    if handler.cardinality is grpclib.const.Cardinality.UNARY_UNARY
+}
+
+#: One burst call's outcome: the reply or its error, and how long it took (seconds).
+Answer = tuple[Any, float]
 
 # Failures that mean the connection itself is gone, so the channel must be rebuilt.
 _CONNECTION_ERRORS = (OSError, EOFError, grpclib.exceptions.StreamTerminatedError,
@@ -73,45 +86,113 @@ def socket_path(endpoint: str) -> str:
     return endpoint
 
 
-async def _new_channel(path: str) -> grpclib.client.Channel:
-    # Built inside the asyncio loop so grpclib binds to it, whichever trio task asked.
-    return grpclib.client.Channel(path=path)
+def deadline_exceeded(method: str, deadline: float | None) -> CRIDeadlineExceeded:
+    """The error of a call that got no answer within its deadline."""
+    return CRIDeadlineExceeded(method, StatusCode.DEADLINE_EXCEEDED,
+                               f"no answer within {deadline}s")
 
 
-class _UpbRuntimeStub:
-    """The hot list calls, their replies decoded into upb messages (``cri_upb``).
+def _method_of(request: Any) -> str:
+    """The CRI method a request message is for: VersionRequest is Version's."""
+    return type(request).__name__.removesuffix("Request")
 
-    grpclib's default codec only needs ``SerializeToString``/``FromString``, which
-    betterproto2 and protobuf messages both have, so these share the betterproto2
-    stubs' channel and codec. Requests stay betterproto2 messages, as for every
-    other call (they are tiny, and observers see the same request types); only
-    the class the reply is decoded into differs.
+
+class Transport(Protocol):
+    """How CRI calls reach a runtime. Failures come back as CRIError, never anything else."""
+
+    async def unary(self, method: str, request: Any, reply_type: type[T],
+                    timeout: float | None) -> T:
+        """One call of ``method`` (a `CRI_METHODS` name); its reply decoded as ``reply_type``."""
+        ...
+
+    async def burst(self, method: str, requests: Sequence[Any], reply_type: type,
+                    timeout: float | None, concurrency: int) -> list[Answer]:
+        """``method`` for every request, ``concurrency`` at a time; each one's `Answer`."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the connection; later calls fail with CRIUnavailable."""
+        ...
+
+
+class GrpclibTransport:
+    """CRI calls with grpclib on a unix socket, all on one asyncio loop in a worker thread.
+
+    The channel lives on that loop only: it is dialled by the first call, dropped when
+    the connection breaks (the next call dials again) and closed by `aclose`.
     """
 
-    __slots__ = ("list_container_stats", "list_containers", "list_pod_sandbox")
+    def __init__(self, thread: AsyncioThread, path: str) -> None:
+        self._thread = thread
+        self.path = path
+        self._channel: grpclib.client.Channel | None = None
+        self._closed = False
 
-    def __init__(self, channel: grpclib.client.Channel) -> None:
-        self.list_pod_sandbox = grpclib.client.UnaryUnaryMethod(
-            channel, "/runtime.v1.RuntimeService/ListPodSandbox",
-            v1.ListPodSandboxRequest, upb.ListPodSandboxResponse)
-        self.list_containers = grpclib.client.UnaryUnaryMethod(
-            channel, "/runtime.v1.RuntimeService/ListContainers",
-            v1.ListContainersRequest, upb.ListContainersResponse)
-        self.list_container_stats = grpclib.client.UnaryUnaryMethod(
-            channel, "/runtime.v1.RuntimeService/ListContainerStats",
-            v1.ListContainerStatsRequest, upb.ListContainerStatsResponse)
+    def _unavailable(self, method: str, why: str) -> CRIUnavailable:
+        return CRIUnavailable(method, StatusCode.UNAVAILABLE, why)
 
+    def _error(self, method: str, exc: BaseException, timeout: float | None) -> CRIError:
+        """The CRIError for a call's failure (``exc`` is one of ``_CALL_ERRORS``)."""
+        if isinstance(exc, grpclib.GRPCError):
+            return error_for(method, exc.status.value, exc.message or "")
+        if isinstance(exc, TimeoutError):
+            return deadline_exceeded(method, timeout)
+        return self._unavailable(method, f"{self.path}: {type(exc).__name__}: {exc}".rstrip(": "))
 
-class _Stubs:
-    """What one channel carries: betterproto2 stubs for both services, upb list calls."""
+    async def _send(self, method: str, request: Any, reply_type: type[T],
+                    timeout: float | None) -> T:
+        """One call, on the asyncio loop."""
+        if self._closed:
+            raise self._unavailable(method, "the CRI client is closed")
+        if self._channel is None:
+            self._channel = grpclib.client.Channel(path=self.path)
+        channel = self._channel
+        call = grpclib.client.UnaryUnaryMethod(channel, CRI_PATHS[method], type(request),
+                                               reply_type)
+        try:
+            reply: T = await call(request, timeout=timeout)
+        except _CALL_ERRORS as exc:
+            error = self._error(method, exc, timeout)
+            if isinstance(error, CRIUnavailable) and self._channel is channel:
+                self._channel = None
+                channel.close()
+            raise error from exc
+        return reply
 
-    __slots__ = ("channel", "images", "runtime", "upb")
+    async def unary(self, method: str, request: Any, reply_type: type[T],
+                    timeout: float | None) -> T:
+        return await self._thread.run(lambda: self._send(method, request, reply_type, timeout))
 
-    def __init__(self, channel: grpclib.client.Channel) -> None:
-        self.channel = channel
-        self.runtime = v1.RuntimeServiceStub(channel)
-        self.images = v1.ImageServiceStub(channel)
-        self.upb = _UpbRuntimeStub(channel)
+    async def burst(self, method: str, requests: Sequence[Any], reply_type: type,
+                    timeout: float | None, concurrency: int) -> list[Answer]:
+        async def calls() -> list[Answer]:
+            limit = asyncio.Semaphore(concurrency)
+
+            async def one(request: Any) -> Answer:
+                async with limit:
+                    start = time.monotonic()
+                    answer: Any
+                    try:
+                        answer = await self._send(method, request, reply_type, timeout)
+                    except CRIError as error:
+                        answer = error
+                    return answer, time.monotonic() - start
+
+            return await asyncio.gather(*(one(request) for request in requests))
+
+        return await self._thread.run(calls)
+
+    async def aclose(self) -> None:
+        def close() -> None:
+            self._closed = True
+            if self._channel is not None:
+                self._channel.close()
+                self._channel = None
+
+        async def on_loop() -> None:
+            close()
+
+        await self._thread.run(on_loop)
 
 
 class CRIClient:
@@ -122,110 +203,44 @@ class CRIClient:
     any trio task while the client is open.
     """
 
-    def __init__(self, loop: trio_asyncio.TrioEventLoop, path: str, timeout: float,
+    def __init__(self, transport: Transport, timeout: float,
                  observer: Observer | None = None) -> None:
-        self._loop = loop
-        self.path = path
+        self.transport = transport
         self.timeout = timeout
         self.observer = observer
-        self._stubs: _Stubs | None = None
-        self._connect_lock = trio.Lock()
-        self._closed = False
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    async def _connect(self) -> _Stubs:
-        if self._stubs is None:
-            async with self._connect_lock:
-                if self._stubs is None:
-                    channel = await self._loop.run_aio_coroutine(_new_channel(self.path))
-                    self._stubs = _Stubs(channel)
-        return self._stubs
-
-    def _drop_channel(self, channel: grpclib.client.Channel) -> None:
-        """Forget a broken channel so the next call dials the socket again."""
-        if self._stubs is not None and self._stubs.channel is channel:
-            self._stubs = None
-        channel.close()
-
-    async def _call(self, method: str, request: Any,
-                    send: Callable[[_Stubs, float | None], Coroutine[Any, Any, T]],
-                    deadline: float | None) -> T:
-        """Run one RPC in the asyncio loop, translating failures into CRIError."""
+    async def _call(self, request: Any, reply_type: type[T], deadline: float | None) -> T:
+        """The call ``request`` is for ("VersionRequest": Version), its reply decoded as
+        ``reply_type`` (a betterproto2 or upb message class)."""
+        method = _method_of(request)
         start = trio.current_time()
-        channel: grpclib.client.Channel | None = None
-        if self._closed:
-            raise CRIUnavailable(method, StatusCode.UNAVAILABLE, "the CRI client is closed")
         try:
-            stubs = await self._connect()
-            channel = stubs.channel
-            response: T = await self._loop.run_aio_coroutine(send(stubs, deadline))
-        except _CALL_ERRORS as exc:
-            error = self._error(method, exc, deadline)
-            if isinstance(error, CRIUnavailable) and channel is not None:
-                self._drop_channel(channel)
+            response = await self.transport.unary(method, request, reply_type, deadline)
+        except CRIError as error:
             self._observe(method, request, error, trio.current_time() - start)
-            raise error from exc
+            raise
         self._observe(method, request, response, trio.current_time() - start)
         return response
 
-    async def _burst(self, method: str, requests: Sequence[Any],
-                     send: Callable[[_Stubs, Any, float], Coroutine[Any, Any, Any]],
+    async def _burst(self, requests: Sequence[Any], reply_type: type,
                      concurrency: int) -> list[CRIError | None]:
-        """``send`` every request, ``concurrency`` at a time, on a private loop and connection.
+        """The call for every request (all of one kind), ``concurrency`` at a time, as one batch.
 
         Returns each call's error (or None), in order, and never raises one; every call
-        is observed as one made through `_call` would be. The connection is the burst's
-        own: a failure on it leaves the client's channel alone.
+        is observed as one made through `_call` would be.
         """
-        if self._closed:
-            closed = CRIUnavailable(method, StatusCode.UNAVAILABLE, "the CRI client is closed")
-            return [closed] * len(requests)
         if not requests:
             return []
-        path, deadline = self.path, self.timeout
-
-        async def calls() -> list[tuple[Any, float]]:
-            stubs = _Stubs(grpclib.client.Channel(path=path))
-            limit = asyncio.Semaphore(concurrency)
-
-            async def one(request: Any) -> tuple[Any, float]:
-                async with limit:
-                    start = time.monotonic()
-                    try:
-                        answer = await send(stubs, request, deadline)
-                    except _CALL_ERRORS as exc:
-                        answer = exc
-                    return answer, time.monotonic() - start
-
-            try:
-                return await asyncio.gather(*(one(request) for request in requests))
-            finally:
-                stubs.channel.close()
-
-        if isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
-            # A worker thread is invisible to a virtual clock, which would jump ahead while
-            # the burst runs: under one, the burst stays on the client's loop.
-            answers = await self._loop.run_aio_coroutine(calls())
-        else:
-            answers = await _on_private_loop(calls)
+        method = _method_of(requests[0])
+        answers = await self.transport.burst(method, requests, reply_type, self.timeout,
+                                             concurrency)
         errors: list[CRIError | None] = []
         for request, (answer, took) in zip(requests, answers, strict=True):
-            error = self._error(method, answer, deadline) if isinstance(
-                answer, BaseException) else None
-            self._observe(method, request, error or answer, took)
-            errors.append(error)
+            self._observe(method, request, answer, took)
+            errors.append(answer if isinstance(answer, CRIError) else None)
         return errors
-
-    def _error(self, method: str, exc: BaseException, deadline: float | None) -> CRIError:
-        """The CRIError for a call's failure (``exc`` is one of ``_CALL_ERRORS``)."""
-        if isinstance(exc, grpclib.GRPCError):
-            return error_for(method, exc.status.value, exc.message or "")
-        if isinstance(exc, TimeoutError):
-            return CRIDeadlineExceeded(method, StatusCode.DEADLINE_EXCEEDED,
-                                       f"no answer within {deadline}s")
-        return CRIUnavailable(method, StatusCode.UNAVAILABLE,
-                              f"{self.path}: {type(exc).__name__}: {exc}".rstrip(": "))
 
     def _observe(self, method: str, request: Any, answer: Any, duration: float) -> None:
         if self.observer is not None:
@@ -236,39 +251,29 @@ class CRIClient:
 
     async def aclose(self) -> None:
         """Close the connection; later calls fail with CRIUnavailable."""
-        self._closed = True
-        if self._stubs is not None:
-            self._drop_channel(self._stubs.channel)
+        await self.transport.aclose()
 
     # -- RuntimeService: runtime ------------------------------------------------------------
 
     async def version(self, *, call_timeout: float | None = None) -> v1.VersionResponse:
         request = v1.VersionRequest(version="v1")
-        return await self._call("Version", request,
-                                lambda s, t: s.runtime.version(request, timeout=t),
-                                self._deadline(call_timeout))
+        return await self._call(request, v1.VersionResponse, self._deadline(call_timeout))
 
     async def status(self, *, verbose: bool = False,
                      call_timeout: float | None = None) -> v1.StatusResponse:
         request = v1.StatusRequest(verbose=verbose)
-        return await self._call("Status", request,
-                                lambda s, t: s.runtime.status(request, timeout=t),
-                                self._deadline(call_timeout))
+        return await self._call(request, v1.StatusResponse, self._deadline(call_timeout))
 
     async def update_runtime_config(self, *, pod_cidr: str,
                                     call_timeout: float | None = None) -> None:
         request = v1.UpdateRuntimeConfigRequest(
             runtime_config=v1.RuntimeConfig(network_config=v1.NetworkConfig(pod_cidr=pod_cidr)))
-        await self._call("UpdateRuntimeConfig", request,
-                         lambda s, t: s.runtime.update_runtime_config(request, timeout=t),
-                         self._deadline(call_timeout))
+        await self._call(request, v1.UpdateRuntimeConfigResponse, self._deadline(call_timeout))
 
     async def runtime_config(self, *,
                              call_timeout: float | None = None) -> v1.RuntimeConfigResponse:
         request = v1.RuntimeConfigRequest()
-        return await self._call("RuntimeConfig", request,
-                                lambda s, t: s.runtime.runtime_config(request, timeout=t),
-                                self._deadline(call_timeout))
+        return await self._call(request, v1.RuntimeConfigResponse, self._deadline(call_timeout))
 
     # -- RuntimeService: sandboxes ----------------------------------------------------------
 
@@ -276,44 +281,33 @@ class CRIClient:
                               call_timeout: float | None = None) -> str:
         """Create and start a sandbox; returns its id."""
         request = v1.RunPodSandboxRequest(config=config, runtime_handler=runtime_handler)
-        response = await self._call("RunPodSandbox", request,
-                                    lambda s, t: s.runtime.run_pod_sandbox(request, timeout=t),
-                                    self._deadline(call_timeout))
+        response = await self._call(request, v1.RunPodSandboxResponse, self._deadline(call_timeout))
         return response.pod_sandbox_id
 
     async def stop_pod_sandbox(self, id: str, *, call_timeout: float | None = None) -> None:
         request = v1.StopPodSandboxRequest(pod_sandbox_id=id)
-        await self._call("StopPodSandbox", request,
-                         lambda s, t: s.runtime.stop_pod_sandbox(request, timeout=t),
-                         self._deadline(call_timeout))
+        await self._call(request, v1.StopPodSandboxResponse, self._deadline(call_timeout))
 
     async def remove_pod_sandbox(self, id: str, *, call_timeout: float | None = None) -> None:
         request = v1.RemovePodSandboxRequest(pod_sandbox_id=id)
-        await self._call("RemovePodSandbox", request,
-                         lambda s, t: s.runtime.remove_pod_sandbox(request, timeout=t),
-                         self._deadline(call_timeout))
+        await self._call(request, v1.RemovePodSandboxResponse, self._deadline(call_timeout))
 
     async def remove_pod_sandboxes(self, ids: Sequence[str], *,
                                    concurrency: int) -> list[CRIError | None]:
         """RemovePodSandbox for each of ``ids`` as one burst, like `remove_containers`."""
         requests = [v1.RemovePodSandboxRequest(pod_sandbox_id=id) for id in ids]
-        return await self._burst(
-            "RemovePodSandbox", requests,
-            lambda s, request, t: s.runtime.remove_pod_sandbox(request, timeout=t), concurrency)
+        return await self._burst(requests, v1.RemovePodSandboxResponse, concurrency)
 
     async def pod_sandbox_status(self, id: str, *, verbose: bool = False,
                                  call_timeout: float | None = None
                                  ) -> v1.PodSandboxStatusResponse:
         request = v1.PodSandboxStatusRequest(pod_sandbox_id=id, verbose=verbose)
-        return await self._call("PodSandboxStatus", request,
-                                lambda s, t: s.runtime.pod_sandbox_status(request, timeout=t),
-                                self._deadline(call_timeout))
+        return await self._call(request, v1.PodSandboxStatusResponse, self._deadline(call_timeout))
 
     async def list_pod_sandbox(self, filter: v1.PodSandboxFilter | None = None, *,
                                call_timeout: float | None = None) -> list[v1.PodSandbox]:
         request = v1.ListPodSandboxRequest(filter=filter)
-        response = await self._call("ListPodSandbox", request,
-                                    lambda s, t: s.runtime.list_pod_sandbox(request, timeout=t),
+        response = await self._call(request, v1.ListPodSandboxResponse,
                                     self._deadline(call_timeout))
         return response.items
 
@@ -325,8 +319,7 @@ class CRIClient:
         For hot paths that read a few fields of many sandboxes (the PLEG relist).
         """
         request = v1.ListPodSandboxRequest(filter=filter)
-        response = await self._call("ListPodSandbox", request,
-                                    lambda s, t: s.upb.list_pod_sandbox(request, timeout=t),
+        response = await self._call(request, upb.ListPodSandboxResponse,
                                     self._deadline(call_timeout))
         items: Sequence[upb.PodSandbox] = response.items  # a view into the reply, not a copy
         return items
@@ -339,30 +332,24 @@ class CRIClient:
         """Create a container in a sandbox; returns its id."""
         request = v1.CreateContainerRequest(pod_sandbox_id=pod_sandbox_id, config=config,
                                             sandbox_config=sandbox_config)
-        response = await self._call("CreateContainer", request,
-                                    lambda s, t: s.runtime.create_container(request, timeout=t),
+        response = await self._call(request, v1.CreateContainerResponse,
                                     self._deadline(call_timeout))
         return response.container_id
 
     async def start_container(self, id: str, *, call_timeout: float | None = None) -> None:
         request = v1.StartContainerRequest(container_id=id)
-        await self._call("StartContainer", request,
-                         lambda s, t: s.runtime.start_container(request, timeout=t),
-                         self._deadline(call_timeout))
+        await self._call(request, v1.StartContainerResponse, self._deadline(call_timeout))
 
     async def stop_container(self, id: str, timeout: int, *,
                              call_timeout: float | None = None) -> None:
         """Stop with a grace period of ``timeout`` seconds (the call may take that long)."""
         request = v1.StopContainerRequest(container_id=id, timeout=timeout)
-        await self._call("StopContainer", request,
-                         lambda s, t: s.runtime.stop_container(request, timeout=t),
+        await self._call(request, v1.StopContainerResponse,
                          self._deadline(call_timeout, extra=max(timeout, 0)))
 
     async def remove_container(self, id: str, *, call_timeout: float | None = None) -> None:
         request = v1.RemoveContainerRequest(container_id=id)
-        await self._call("RemoveContainer", request,
-                         lambda s, t: s.runtime.remove_container(request, timeout=t),
-                         self._deadline(call_timeout))
+        await self._call(request, v1.RemoveContainerResponse, self._deadline(call_timeout))
 
     async def remove_containers(self, ids: Sequence[str], *,
                                 concurrency: int) -> list[CRIError | None]:
@@ -371,15 +358,12 @@ class CRIClient:
         For container GC's bursts; the calls run on a private loop (see the module's doc).
         """
         requests = [v1.RemoveContainerRequest(container_id=id) for id in ids]
-        return await self._burst(
-            "RemoveContainer", requests,
-            lambda s, request, t: s.runtime.remove_container(request, timeout=t), concurrency)
+        return await self._burst(requests, v1.RemoveContainerResponse, concurrency)
 
     async def list_containers(self, filter: v1.ContainerFilter | None = None, *,
                               call_timeout: float | None = None) -> list[v1.Container]:
         request = v1.ListContainersRequest(filter=filter)
-        response = await self._call("ListContainers", request,
-                                    lambda s, t: s.runtime.list_containers(request, timeout=t),
+        response = await self._call(request, v1.ListContainersResponse,
                                     self._deadline(call_timeout))
         return response.containers
 
@@ -391,8 +375,7 @@ class CRIClient:
         For hot paths that read a few fields of many containers (the PLEG relist).
         """
         request = v1.ListContainersRequest(filter=filter)
-        response = await self._call("ListContainers", request,
-                                    lambda s, t: s.upb.list_containers(request, timeout=t),
+        response = await self._call(request, upb.ListContainersResponse,
                                     self._deadline(call_timeout))
         containers: Sequence[upb.Container] = response.containers  # a view, not a copy
         return containers
@@ -400,9 +383,7 @@ class CRIClient:
     async def container_status(self, id: str, *, verbose: bool = False,
                                call_timeout: float | None = None) -> v1.ContainerStatusResponse:
         request = v1.ContainerStatusRequest(container_id=id, verbose=verbose)
-        return await self._call("ContainerStatus", request,
-                                lambda s, t: s.runtime.container_status(request, timeout=t),
-                                self._deadline(call_timeout))
+        return await self._call(request, v1.ContainerStatusResponse, self._deadline(call_timeout))
 
     async def update_container_resources(
         self, id: str, *, linux: v1.LinuxContainerResources | None = None,
@@ -411,15 +392,11 @@ class CRIClient:
     ) -> None:
         request = v1.UpdateContainerResourcesRequest(
             container_id=id, linux=linux, windows=windows, annotations=dict(annotations or {}))
-        await self._call("UpdateContainerResources", request,
-                         lambda s, t: s.runtime.update_container_resources(request, timeout=t),
-                         self._deadline(call_timeout))
+        await self._call(request, v1.UpdateContainerResourcesResponse, self._deadline(call_timeout))
 
     async def reopen_container_log(self, id: str, *, call_timeout: float | None = None) -> None:
         request = v1.ReopenContainerLogRequest(container_id=id)
-        await self._call("ReopenContainerLog", request,
-                         lambda s, t: s.runtime.reopen_container_log(request, timeout=t),
-                         self._deadline(call_timeout))
+        await self._call(request, v1.ReopenContainerLogResponse, self._deadline(call_timeout))
 
     # -- RuntimeService: exec and streaming -------------------------------------------------
 
@@ -434,28 +411,21 @@ class CRIClient:
         deadline = call_timeout
         if deadline is None and timeout > 0:
             deadline = self.timeout + timeout
-        return await self._call("ExecSync", request,
-                                lambda s, t: s.runtime.exec_sync(request, timeout=t), deadline)
+        return await self._call(request, v1.ExecSyncResponse, deadline)
 
     async def exec(self, request: v1.ExecRequest, *, call_timeout: float | None = None) -> str:
         """Prepare a streaming exec; returns the runtime's streaming URL."""
-        response = await self._call("Exec", request,
-                                    lambda s, t: s.runtime.exec(request, timeout=t),
-                                    self._deadline(call_timeout))
+        response = await self._call(request, v1.ExecResponse, self._deadline(call_timeout))
         return response.url
 
     async def attach(self, request: v1.AttachRequest, *,
                      call_timeout: float | None = None) -> str:
-        response = await self._call("Attach", request,
-                                    lambda s, t: s.runtime.attach(request, timeout=t),
-                                    self._deadline(call_timeout))
+        response = await self._call(request, v1.AttachResponse, self._deadline(call_timeout))
         return response.url
 
     async def port_forward(self, request: v1.PortForwardRequest, *,
                            call_timeout: float | None = None) -> str:
-        response = await self._call("PortForward", request,
-                                    lambda s, t: s.runtime.port_forward(request, timeout=t),
-                                    self._deadline(call_timeout))
+        response = await self._call(request, v1.PortForwardResponse, self._deadline(call_timeout))
         return response.url
 
     # -- RuntimeService: stats --------------------------------------------------------------
@@ -463,16 +433,14 @@ class CRIClient:
     async def container_stats(self, id: str, *,
                               call_timeout: float | None = None) -> v1.ContainerStats | None:
         request = v1.ContainerStatsRequest(container_id=id)
-        response = await self._call("ContainerStats", request,
-                                    lambda s, t: s.runtime.container_stats(request, timeout=t),
+        response = await self._call(request, v1.ContainerStatsResponse,
                                     self._deadline(call_timeout))
         return response.stats
 
     async def list_container_stats(self, filter: v1.ContainerStatsFilter | None = None, *,
                                    call_timeout: float | None = None) -> list[v1.ContainerStats]:
         request = v1.ListContainerStatsRequest(filter=filter)
-        response = await self._call("ListContainerStats", request,
-                                    lambda s, t: s.runtime.list_container_stats(request, timeout=t),
+        response = await self._call(request, v1.ListContainerStatsResponse,
                                     self._deadline(call_timeout))
         return response.stats
 
@@ -485,8 +453,7 @@ class CRIClient:
         one step of the event loop (bench/README.md), and 0.3 ms with upb.
         """
         request = v1.ListContainerStatsRequest(filter=filter)
-        response = await self._call("ListContainerStats", request,
-                                    lambda s, t: s.upb.list_container_stats(request, timeout=t),
+        response = await self._call(request, upb.ListContainerStatsResponse,
                                     self._deadline(call_timeout))
         stats: Sequence[upb.ContainerStats] = response.stats  # a view into the reply, not a copy
         return stats
@@ -494,8 +461,7 @@ class CRIClient:
     async def pod_sandbox_stats(self, id: str, *,
                                 call_timeout: float | None = None) -> v1.PodSandboxStats | None:
         request = v1.PodSandboxStatsRequest(pod_sandbox_id=id)
-        response = await self._call("PodSandboxStats", request,
-                                    lambda s, t: s.runtime.pod_sandbox_stats(request, timeout=t),
+        response = await self._call(request, v1.PodSandboxStatsResponse,
                                     self._deadline(call_timeout))
         return response.stats
 
@@ -503,10 +469,8 @@ class CRIClient:
                                      call_timeout: float | None = None
                                      ) -> list[v1.PodSandboxStats]:
         request = v1.ListPodSandboxStatsRequest(filter=filter)
-        response = await self._call(
-            "ListPodSandboxStats", request,
-            lambda s, t: s.runtime.list_pod_sandbox_stats(request, timeout=t),
-            self._deadline(call_timeout))
+        response = await self._call(request, v1.ListPodSandboxStatsResponse,
+                                    self._deadline(call_timeout))
         return response.stats
 
     # -- ImageService -----------------------------------------------------------------------
@@ -514,18 +478,14 @@ class CRIClient:
     async def list_images(self, filter: v1.ImageFilter | None = None, *,
                           call_timeout: float | None = None) -> list[v1.Image]:
         request = v1.ListImagesRequest(filter=filter)
-        response = await self._call("ListImages", request,
-                                    lambda s, t: s.images.list_images(request, timeout=t),
-                                    self._deadline(call_timeout))
+        response = await self._call(request, v1.ListImagesResponse, self._deadline(call_timeout))
         return response.images
 
     async def image_status(self, ref: str, *, verbose: bool = False,
                            call_timeout: float | None = None) -> v1.Image | None:
         """The image, or None when the runtime does not have it (an unset field, not an error)."""
         request = v1.ImageStatusRequest(image=v1.ImageSpec(image=ref), verbose=verbose)
-        response = await self._call("ImageStatus", request,
-                                    lambda s, t: s.images.image_status(request, timeout=t),
-                                    self._deadline(call_timeout))
+        response = await self._call(request, v1.ImageStatusResponse, self._deadline(call_timeout))
         image = response.image
         return image if image is not None and image.id else None
 
@@ -539,64 +499,23 @@ class CRIClient:
         """
         request = v1.PullImageRequest(image=v1.ImageSpec(image=ref), auth=auth,
                                       sandbox_config=sandbox_config)
-        response = await self._call("PullImage", request,
-                                    lambda s, t: s.images.pull_image(request, timeout=t),
-                                    call_timeout)
+        response = await self._call(request, v1.PullImageResponse, call_timeout)
         return response.image_ref
 
     async def remove_image(self, ref: str, *, call_timeout: float | None = None) -> None:
         request = v1.RemoveImageRequest(image=v1.ImageSpec(image=ref))
-        await self._call("RemoveImage", request,
-                         lambda s, t: s.images.remove_image(request, timeout=t),
-                         self._deadline(call_timeout))
+        await self._call(request, v1.RemoveImageResponse, self._deadline(call_timeout))
 
     async def remove_images(self, refs: Sequence[str], *,
                             concurrency: int) -> list[CRIError | None]:
         """RemoveImage for each of ``refs`` as one burst, like `remove_containers`."""
         requests = [v1.RemoveImageRequest(image=v1.ImageSpec(image=ref)) for ref in refs]
-        return await self._burst(
-            "RemoveImage", requests,
-            lambda s, request, t: s.images.remove_image(request, timeout=t), concurrency)
+        return await self._burst(requests, v1.RemoveImageResponse, concurrency)
 
     async def image_fs_info(self, *,
                             call_timeout: float | None = None) -> v1.ImageFsInfoResponse:
         request = v1.ImageFsInfoRequest()
-        return await self._call("ImageFsInfo", request,
-                                lambda s, t: s.images.image_fs_info(request, timeout=t),
-                                self._deadline(call_timeout))
-
-
-async def _on_private_loop(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run ``make()`` on a new plain asyncio loop in a worker thread; its result.
-
-    Cancelling the caller cancels the asyncio task and waits for it to unwind, so
-    nothing of it outlives the call.
-    """
-    loop = asyncio.SelectorEventLoop()  # not the policy's: that would be trio-asyncio's
-    task = loop.create_task(make(), context=contextvars.Context())
-    waiter = trio.lowlevel.current_task()
-    token = trio.lowlevel.current_trio_token()
-    raise_cancel: list[Callable[[], NoReturn]] = []  # set when trio cancels the caller
-
-    def run() -> None:  # in the worker thread
-        try:
-            loop.run_until_complete(asyncio.wait([task]))
-        finally:
-            loop.close()
-
-    def wake() -> None:  # back in trio
-        done = outcome.capture(raise_cancel[0]) if raise_cancel else outcome.capture(task.result)
-        trio.lowlevel.reschedule(waiter, done)
-
-    def abort(cancel: Callable[[], NoReturn]) -> trio.lowlevel.Abort:
-        raise_cancel.append(cancel)
-        with suppress(RuntimeError):  # closed: the burst is over and wake() is on its way
-            loop.call_soon_threadsafe(task.cancel)
-        return trio.lowlevel.Abort.FAILED
-
-    trio.lowlevel.start_thread_soon(run, lambda _: token.run_sync_soon(wake))
-    result: T = await trio.lowlevel.wait_task_rescheduled(abort)
-    return result
+        return await self._call(request, v1.ImageFsInfoResponse, self._deadline(call_timeout))
 
 
 class HealthCheckError(Exception):
@@ -623,33 +542,18 @@ async def _check_health(host: str, port: int, service: str, timeout: float) -> s
         channel.close()
 
 
-async def grpc_health_check(client: CRIClient, host: str, port: int, service: str,
-                            timeout: float) -> str:
+async def grpc_health_check(host: str, port: int, service: str, timeout: float) -> str:
     """Ask a gRPC server's standard health service (grpc.health.v1) how ``service`` is.
 
     Returns the serving status name ("SERVING", "NOT_SERVING", ...) or raises
-    HealthCheckError. It lives here because grpclib runs in the CRI client's
-    asyncio loop.
+    HealthCheckError. grpclib needs an asyncio loop: the check gets one of its own in a
+    worker thread (a probe every few seconds at most). A cancelled caller leaves the
+    thread behind, which ends by ``timeout``.
     """
-    status: str = await client._loop.run_aio_coroutine(
-        _check_health(host, port, service, timeout)
-    )
+    status: str = await trio.to_thread.run_sync(
+        lambda: asyncio.run(_check_health(host, port, service, timeout)),
+        abandon_on_cancel=True)
     return status
-
-
-def only_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    """The single exception inside (possibly nested) groups, else None."""
-    leaves: list[BaseException] = []
-
-    def walk(exc: BaseException) -> None:
-        if isinstance(exc, BaseExceptionGroup):
-            for inner in exc.exceptions:
-                walk(inner)
-        else:
-            leaves.append(exc)
-
-    walk(group)
-    return leaves[0] if len(leaves) == 1 else None
 
 
 @asynccontextmanager
@@ -661,17 +565,9 @@ async def open_cri_client(endpoint: str, timeout: float = DEFAULT_TIMEOUT, *,
     runtime is down; calls then raise `CRIUnavailable` until it is back.
     """
     path = socket_path(endpoint)
-    try:
-        async with trio_asyncio.open_loop() as loop:
-            client = CRIClient(loop, path, timeout, observer)
-            try:
-                yield client
-            finally:
-                await client.aclose()
-    except BaseExceptionGroup as group:
-        # trio-asyncio's nurseries wrap whatever the body raised; give trio callers
-        # back the plain exception they would have seen without the bridge.
-        error = only_error(group)
-        if error is None:
-            raise
-        raise error from None
+    async with open_asyncio_thread() as thread:
+        client = CRIClient(GrpclibTransport(thread, path), timeout, observer)
+        try:
+            yield client
+        finally:
+            await client.aclose()

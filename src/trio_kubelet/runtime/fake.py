@@ -3,7 +3,9 @@
 `FakeRuntime` holds the state and containerd's rules (sync methods taking and
 returning CRI messages, raising `CRIError`), so it can also be driven without
 any socket. `serve_fake_runtime` serves it over a real unix socket with grpclib
-(hosted in a trio-asyncio loop) so the real `CRIClient` can talk to it.
+(an asyncio loop in a worker thread) so the real `CRIClient` can talk to it;
+`open_fake_runtime` gives a `CRIClient` that reaches it in-process on trio, for
+code under trio's MockClock.
 
 Time comes from an injectable ``clock`` (seconds since the epoch). Scripted
 container exits are evaluated lazily whenever state is read, so nothing runs in
@@ -21,27 +23,46 @@ import math
 import os
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager, suppress
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, TypeVar, cast
+from functools import partial
+from typing import Any, NoReturn, TypeVar
 
 import grpclib
 import grpclib.const
 import grpclib.protocol
 import grpclib.server
+import outcome
 import trio
-import trio_asyncio
 from grpclib.encoding.proto import ProtoCodec
 
+from .asyncio_thread import open_asyncio_thread
+from .client import DEFAULT_TIMEOUT, Answer, CRIClient, Observer, deadline_exceeded
 from .cri.runtime import v1
 from .errors import CRIError, StatusCode, error_for
 
 __all__ = [
-    "ContainerScript", "ExecResult", "FakeRuntime", "normalize_image_ref", "serve_fake_runtime",
+    "ContainerScript",
+    "ExecResult",
+    "FakeRuntime",
+    "FakeTransport",
+    "in_process_opener",
+    "normalize_image_ref",
+    "open_fake_runtime",
+    "serve_fake_runtime",
 ]
 
 Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
 Q = TypeVar("Q")
 R = TypeVar("R")
 
@@ -869,28 +890,61 @@ class FakeRuntime:
 
     # -- serving ----------------------------------------------------------------------------
 
-    async def serve(self, method: str, handler: Callable[[Q], R], request: Q) -> R:
-        """Answer one served call with a sync method above (asyncio side)."""
-        await self._admit(method)
-        with _as_grpc_error():
-            return handler(request)
+    async def answer(self, method: str, request: Any, sleep: Sleep) -> Any:
+        """Answer one call of ``method`` (a CRI method name, "StopContainer") as containerd would.
 
-    async def serve_slow(self, method: str, handler: Callable[[Q], Awaitable[R]],
-                         request: Q) -> R:
-        """Like `serve`, for calls that take real time (a stop's grace, a slow exec)."""
-        await self._admit(method)
-        with _as_grpc_error():
-            return await handler(request)
+        ``sleep`` is the serving loop's own (trio's or asyncio's): a scripted delay, a stop's
+        SIGTERM grace and a slow exec take that long on it. Returns the reply message (bytes
+        for the list calls the fake encodes itself); raises CRIError.
+        """
+        if method == "StopContainer":
+            self.container_calls.append((method, request.container_id, request.timeout))
+        elif method == "ExecSync":
+            self.container_calls.append((method, request.container_id, tuple(request.cmd)))
+        pulling = method == "PullImage"
+        if pulling:
+            self.pulls_in_flight += 1
+            self.max_pulls_in_flight = max(self.max_pulls_in_flight, self.pulls_in_flight)
+        try:
+            self.calls[method] += 1
+            delay = self._delays.get(method)
+            if delay:
+                await sleep(delay)
+            if self._unavailable:
+                _fail(method, StatusCode.UNAVAILABLE, "fake runtime is unavailable")
+            wait = self._call_wait(method, request)
+            if wait > 0:
+                await sleep(wait)
+            return self._handler(method)(request)
+        finally:
+            if pulling:
+                self.pulls_in_flight -= 1
 
-    async def _admit(self, method: str) -> None:
-        """Count the call, apply its scripted delay, refuse it during an outage."""
-        self.calls[method] += 1
-        delay = self._delays.get(method)
-        if delay:
-            await asyncio.sleep(delay)
-        if self._unavailable:
-            raise grpclib.GRPCError(grpclib.const.Status.UNAVAILABLE,
-                                    "fake runtime is unavailable")
+    def _call_wait(self, method: str, request: Any) -> float:
+        """How long a call takes before it answers (0 for all but a stop and an exec)."""
+        if method == "StopContainer":
+            return self.stop_wait(request)
+        if method == "ExecSync":
+            result = self.exec_result(request)
+            wait = min(result.delay, request.timeout) if request.timeout > 0 else result.delay
+            return wait if math.isfinite(wait) else 0.0
+        return 0.0
+
+    def _handler(self, method: str) -> Callable[[Any], Any]:
+        """The sync method above answering ``method`` (list calls: their encoded form)."""
+        name = _WIRE_HANDLERS.get(method) or _snake_case(method)
+        handler: Callable[[Any], Any] | None = getattr(self, name, None)
+        if handler is None:
+            _fail(method, StatusCode.UNIMPLEMENTED, f"{method} is not implemented by the fake")
+        return handler
+
+
+_WIRE_HANDLERS = {"ListPodSandbox": "list_pod_sandbox_wire",
+                  "ListContainers": "list_containers_wire"}
+
+
+def _snake_case(method: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in method).lstrip("_")
 
 
 @contextmanager
@@ -914,169 +968,6 @@ def _network_mode(config: v1.PodSandboxConfig) -> v1.NamespaceMode:
 
 def _cgroup_parent(config: v1.PodSandboxConfig) -> str:
     return config.linux.cgroup_parent if config.linux is not None else ""
-
-
-class _RuntimeService(v1.RuntimeServiceBase):
-    """grpclib face of the fake's RuntimeService."""
-
-    def __init__(self, fake: FakeRuntime) -> None:
-        self.fake = fake
-
-    async def version(self, message: v1.VersionRequest) -> v1.VersionResponse:
-        return await self.fake.serve("Version", self.fake.version, message)
-
-    async def status(self, message: v1.StatusRequest) -> v1.StatusResponse:
-        return await self.fake.serve("Status", self.fake.status, message)
-
-    async def update_runtime_config(
-        self, message: v1.UpdateRuntimeConfigRequest,
-    ) -> v1.UpdateRuntimeConfigResponse:
-        return await self.fake.serve("UpdateRuntimeConfig", self.fake.update_runtime_config,
-                                     message)
-
-    async def run_pod_sandbox(self, message: v1.RunPodSandboxRequest) -> v1.RunPodSandboxResponse:
-        return await self.fake.serve("RunPodSandbox", self.fake.run_pod_sandbox, message)
-
-    async def stop_pod_sandbox(
-        self, message: v1.StopPodSandboxRequest,
-    ) -> v1.StopPodSandboxResponse:
-        return await self.fake.serve("StopPodSandbox", self.fake.stop_pod_sandbox, message)
-
-    async def remove_pod_sandbox(
-        self, message: v1.RemovePodSandboxRequest,
-    ) -> v1.RemovePodSandboxResponse:
-        return await self.fake.serve("RemovePodSandbox", self.fake.remove_pod_sandbox, message)
-
-    async def pod_sandbox_status(
-        self, message: v1.PodSandboxStatusRequest,
-    ) -> v1.PodSandboxStatusResponse:
-        return await self.fake.serve("PodSandboxStatus", self.fake.pod_sandbox_status, message)
-
-    async def list_pod_sandbox(
-        self, message: v1.ListPodSandboxRequest,
-    ) -> v1.ListPodSandboxResponse:
-        wire = await self.fake.serve("ListPodSandbox", self.fake.list_pod_sandbox_wire, message)
-        return cast(v1.ListPodSandboxResponse, _Encoded(wire))
-
-    async def create_container(
-        self, message: v1.CreateContainerRequest,
-    ) -> v1.CreateContainerResponse:
-        return await self.fake.serve("CreateContainer", self.fake.create_container, message)
-
-    async def start_container(
-        self, message: v1.StartContainerRequest,
-    ) -> v1.StartContainerResponse:
-        return await self.fake.serve("StartContainer", self.fake.start_container, message)
-
-    async def stop_container(self, message: v1.StopContainerRequest) -> v1.StopContainerResponse:
-        self.fake.container_calls.append(("StopContainer", message.container_id, message.timeout))
-
-        async def stop(request: v1.StopContainerRequest) -> v1.StopContainerResponse:
-            wait = self.fake.stop_wait(request)
-            if wait > 0:
-                await asyncio.sleep(wait)
-            return self.fake.stop_container(request)
-
-        return await self.fake.serve_slow("StopContainer", stop, message)
-
-    async def remove_container(
-        self, message: v1.RemoveContainerRequest,
-    ) -> v1.RemoveContainerResponse:
-        return await self.fake.serve("RemoveContainer", self.fake.remove_container, message)
-
-    async def list_containers(
-        self, message: v1.ListContainersRequest,
-    ) -> v1.ListContainersResponse:
-        wire = await self.fake.serve("ListContainers", self.fake.list_containers_wire, message)
-        return cast(v1.ListContainersResponse, _Encoded(wire))
-
-    async def container_status(
-        self, message: v1.ContainerStatusRequest,
-    ) -> v1.ContainerStatusResponse:
-        return await self.fake.serve("ContainerStatus", self.fake.container_status, message)
-
-    async def update_container_resources(
-        self, message: v1.UpdateContainerResourcesRequest,
-    ) -> v1.UpdateContainerResourcesResponse:
-        return await self.fake.serve("UpdateContainerResources",
-                                     self.fake.update_container_resources, message)
-
-    async def reopen_container_log(
-        self, message: v1.ReopenContainerLogRequest,
-    ) -> v1.ReopenContainerLogResponse:
-        return await self.fake.serve("ReopenContainerLog", self.fake.reopen_container_log,
-                                     message)
-
-    async def exec_sync(self, message: v1.ExecSyncRequest) -> v1.ExecSyncResponse:
-        self.fake.container_calls.append(("ExecSync", message.container_id, tuple(message.cmd)))
-
-        async def run(request: v1.ExecSyncRequest) -> v1.ExecSyncResponse:
-            result = self.fake.exec_result(request)
-            wait = min(result.delay, request.timeout) if request.timeout > 0 else result.delay
-            if wait > 0 and math.isfinite(wait):
-                await asyncio.sleep(wait)
-            return self.fake.exec_sync(request)
-
-        return await self.fake.serve_slow("ExecSync", run, message)
-
-    async def exec(self, message: v1.ExecRequest) -> v1.ExecResponse:
-        return await self.fake.serve("Exec", self.fake.exec, message)
-
-    async def attach(self, message: v1.AttachRequest) -> v1.AttachResponse:
-        return await self.fake.serve("Attach", self.fake.attach, message)
-
-    async def port_forward(self, message: v1.PortForwardRequest) -> v1.PortForwardResponse:
-        return await self.fake.serve("PortForward", self.fake.port_forward, message)
-
-    async def container_stats(
-        self, message: v1.ContainerStatsRequest,
-    ) -> v1.ContainerStatsResponse:
-        return await self.fake.serve("ContainerStats", self.fake.container_stats, message)
-
-    async def list_container_stats(
-        self, message: v1.ListContainerStatsRequest,
-    ) -> v1.ListContainerStatsResponse:
-        return await self.fake.serve("ListContainerStats", self.fake.list_container_stats,
-                                     message)
-
-    async def pod_sandbox_stats(
-        self, message: v1.PodSandboxStatsRequest,
-    ) -> v1.PodSandboxStatsResponse:
-        return await self.fake.serve("PodSandboxStats", self.fake.pod_sandbox_stats, message)
-
-    async def list_pod_sandbox_stats(
-        self, message: v1.ListPodSandboxStatsRequest,
-    ) -> v1.ListPodSandboxStatsResponse:
-        return await self.fake.serve("ListPodSandboxStats", self.fake.list_pod_sandbox_stats,
-                                     message)
-
-
-class _ImageService(v1.ImageServiceBase):
-    """grpclib face of the fake's ImageService."""
-
-    def __init__(self, fake: FakeRuntime) -> None:
-        self.fake = fake
-
-    async def list_images(self, message: v1.ListImagesRequest) -> v1.ListImagesResponse:
-        return await self.fake.serve("ListImages", self.fake.list_images, message)
-
-    async def image_status(self, message: v1.ImageStatusRequest) -> v1.ImageStatusResponse:
-        return await self.fake.serve("ImageStatus", self.fake.image_status, message)
-
-    async def pull_image(self, message: v1.PullImageRequest) -> v1.PullImageResponse:
-        fake = self.fake
-        fake.pulls_in_flight += 1
-        fake.max_pulls_in_flight = max(fake.max_pulls_in_flight, fake.pulls_in_flight)
-        try:
-            return await fake.serve("PullImage", fake.pull_image, message)
-        finally:
-            fake.pulls_in_flight -= 1
-
-    async def remove_image(self, message: v1.RemoveImageRequest) -> v1.RemoveImageResponse:
-        return await self.fake.serve("RemoveImage", self.fake.remove_image, message)
-
-    async def image_fs_info(self, message: v1.ImageFsInfoRequest) -> v1.ImageFsInfoResponse:
-        return await self.fake.serve("ImageFsInfo", self.fake.image_fs_info, message)
 
 
 class _Encoded:
@@ -1122,8 +1013,31 @@ class _Server(grpclib.server.Server):
         self.protocols.clear()
 
 
-async def _start_server(fake: FakeRuntime, path: str) -> _Server:
-    server = _Server([_RuntimeService(fake), _ImageService(fake)])
+class _Served:
+    """One CRI service of the fake for a grpclib server: the generated table's paths and
+    message types, every unary method answered by ``answer(method, request)``."""
+
+    def __init__(self, service: Any, answer: Callable[[str, Any], Awaitable[Any]]) -> None:
+        self._answer = answer
+        self._mapping = {
+            path: handler._replace(func=partial(self._handle, path.rsplit("/", 1)[1]))
+            for path, handler in service.__mapping__().items()
+            if handler.cardinality is grpclib.const.Cardinality.UNARY_UNARY
+        }
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return self._mapping
+
+    async def _handle(self, method: str, stream: grpclib.server.Stream[Any, Any]) -> None:
+        request = await stream.recv_message()
+        with _as_grpc_error():
+            reply = await self._answer(method, request)
+        await stream.send_message(_Encoded(reply) if isinstance(reply, bytes) else reply)
+
+
+async def _start_server(path: str, answer: Callable[[str, Any], Awaitable[Any]]) -> _Server:
+    server = _Server([_Served(v1.RuntimeServiceBase(), answer),
+                      _Served(v1.ImageServiceBase(), answer)])
     with suppress(FileNotFoundError):
         os.unlink(path)  # a stale socket from a previous run, as containerd does
     await server.start(path=path)
@@ -1136,26 +1050,72 @@ async def _stop_server(server: _Server) -> None:
     await server.wait_closed()
 
 
+def _answer_on_trio(fake: FakeRuntime, nursery: trio.Nursery,
+                    loop: asyncio.AbstractEventLoop) -> Callable[[str, Any], Awaitable[Any]]:
+    """An ``answer`` for a server on ``loop`` that has the fake answer on the trio thread.
+
+    The fake's state is then only ever touched by trio, where the test changes it too.
+    """
+    token = trio.lowlevel.current_trio_token()
+
+    async def answer(method: str, request: Any) -> Any:  # on the asyncio loop
+        future: asyncio.Future[outcome.Outcome[Any]] = loop.create_future()
+
+        def settle(result: outcome.Outcome[Any]) -> None:
+            if not future.done():  # the client may have gone away meanwhile
+                future.set_result(result)
+
+        async def on_trio() -> None:
+            result = await outcome.acapture(fake.answer, method, request, trio.sleep)
+            loop.call_soon_threadsafe(settle, result)
+
+        token.run_sync_soon(nursery.start_soon, on_trio)
+        return (await future).unwrap()
+
+    return answer
+
+
 @asynccontextmanager
 async def serve_fake_runtime(socket_path: str | os.PathLike[str],
                              runtime: FakeRuntime | None = None, *,
                              clock: Clock = time.time) -> AsyncIterator[FakeRuntime]:
     """Serve a fake runtime on a unix socket for the duration of the block (trio side).
 
-    Pass an existing ``runtime`` to serve the same state again after a stop,
-    like a restarted containerd; otherwise a new one is made with ``clock``.
+    grpclib serves the socket from an asyncio loop in a worker thread; the fake itself
+    answers on trio. Pass an existing ``runtime`` to serve the same state again after a
+    stop, like a restarted containerd; otherwise a new one is made with ``clock``.
+    Code under trio's MockClock uses `open_fake_runtime` instead (no socket, no thread).
     """
     fake = runtime if runtime is not None else FakeRuntime(clock)
     path = os.fspath(socket_path)
-    async with trio_asyncio.open_loop() as loop:
-        server = await loop.run_aio_coroutine(_start_server(fake, path))
-        try:
-            yield fake
-        finally:
-            with trio.CancelScope(shield=True):
-                await loop.run_aio_coroutine(_stop_server(server))
-            with suppress(FileNotFoundError):
-                os.unlink(path)
+    try:
+        async with open_asyncio_thread() as thread, trio.open_nursery() as nursery:
+            loop = await thread.run(_running_loop)
+            answer = _answer_on_trio(fake, nursery, loop)
+            server = await thread.run(lambda: _start_server(path, answer))
+            try:
+                yield fake
+            finally:
+                with trio.CancelScope(shield=True):
+                    await thread.run(lambda: _stop_server(server))
+                nursery.cancel_scope.cancel()
+                with suppress(FileNotFoundError):
+                    os.unlink(path)
+    except BaseExceptionGroup as group:
+        # The nursery wraps whatever the block raised; give the caller back the
+        # exception it would have seen without one.
+        raise _only_error(group) from None
+
+
+def _only_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The single exception inside (possibly nested) groups, else the group itself."""
+    while isinstance(group, BaseExceptionGroup) and len(group.exceptions) == 1:
+        group = group.exceptions[0]  # type: ignore[assignment]
+    return group
+
+
+async def _running_loop() -> asyncio.AbstractEventLoop:
+    return asyncio.get_running_loop()
 
 
 def serve_fake_runtime_on_asyncio(fake: FakeRuntime, socket_path: str | os.PathLike[str], *,
@@ -1163,13 +1123,14 @@ def serve_fake_runtime_on_asyncio(fake: FakeRuntime, socket_path: str | os.PathL
                                   done: Callable[[], bool]) -> None:
     """Serve ``fake`` from a plain asyncio loop in this thread until ``done()`` (blocking).
 
-    For benchmarks that run the fake in a child process: without trio-asyncio in
-    between it answers about a third faster, so the agent's side is what is measured.
+    For benchmarks that run the fake in a child process of its own, so the agent's
+    side is what is measured.
     """
     path = os.fspath(socket_path)
 
     async def serve() -> None:
-        server = await _start_server(fake, path)
+        server = await _start_server(
+            path, lambda method, request: fake.answer(method, request, asyncio.sleep))
         started()
         try:
             while not done():
@@ -1179,8 +1140,74 @@ def serve_fake_runtime_on_asyncio(fake: FakeRuntime, socket_path: str | os.PathL
             with suppress(FileNotFoundError):
                 os.unlink(path)
 
-    loop = asyncio.SelectorEventLoop()  # trio-asyncio's policy would refuse in a trio thread
+    asyncio.run(serve())
+
+
+class FakeTransport:
+    """CRI calls answered by a `FakeRuntime` on trio itself: no socket and no thread, so
+    trio's MockClock sees every wait. Requests and replies still pass through their wire
+    encoding, as over a socket (so upb replies decode as from containerd)."""
+
+    def __init__(self, fake: FakeRuntime) -> None:
+        self.fake = fake
+        self._closed = False
+
+    async def unary(self, method: str, request: Any, reply_type: type[R],
+                    timeout: float | None) -> R:
+        if self._closed:
+            _fail(method, StatusCode.UNAVAILABLE, "the CRI client is closed")
+        copy = type(request).FromString(bytes(request))
+        try:
+            with trio.fail_after(timeout) if timeout is not None else contextlib.nullcontext():
+                reply = await self.fake.answer(method, copy, trio.sleep)
+        except trio.TooSlowError:
+            raise deadline_exceeded(method, timeout) from None
+        wire = reply if isinstance(reply, bytes) else bytes(reply)
+        decoded: R = reply_type.FromString(wire)  # type: ignore[attr-defined]
+        return decoded
+
+    async def burst(self, method: str, requests: Sequence[Any], reply_type: type,
+                    timeout: float | None, concurrency: int) -> list[Answer]:
+        """One request after another: concurrency only matters over a socket."""
+        answers: list[Answer] = []
+        for request in requests:
+            start = trio.current_time()
+            try:
+                answer: Any = await self.unary(method, request, reply_type, timeout)
+            except CRIError as error:
+                answer = error
+            answers.append((answer, trio.current_time() - start))
+        return answers
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+
+@asynccontextmanager
+async def open_fake_runtime(runtime: FakeRuntime | None = None, *, clock: Clock = time.time,
+                            timeout: float = DEFAULT_TIMEOUT, observer: Observer | None = None
+                            ) -> AsyncIterator[tuple[FakeRuntime, CRIClient]]:
+    """A fake runtime and a `CRIClient` that reaches it in-process (`FakeTransport`).
+
+    For code under trio's MockClock, where `serve_fake_runtime`'s socket and thread
+    would let the virtual clock run ahead of the calls.
+    """
+    fake = runtime if runtime is not None else FakeRuntime(clock)
+    client = CRIClient(FakeTransport(fake), timeout, observer)
     try:
-        loop.run_until_complete(serve())
+        yield fake, client
     finally:
-        loop.close()
+        await client.aclose()
+
+
+def in_process_opener(fake: FakeRuntime) -> Callable[..., AbstractAsyncContextManager[CRIClient]]:
+    """A stand-in for `open_cri_client` whose clients reach ``fake`` in-process, whatever
+    the endpoint: to run a whole agent (``run_agent``) under a MockClock."""
+
+    @asynccontextmanager
+    async def open_client(endpoint: str, timeout: float = DEFAULT_TIMEOUT, *,
+                          observer: Observer | None = None) -> AsyncIterator[CRIClient]:
+        async with open_fake_runtime(fake, timeout=timeout, observer=observer) as (_, client):
+            yield client
+
+    return open_client
