@@ -12,6 +12,7 @@ import pytest
 import trustme
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.verification import PolicyBuilder, Store
 from OpenSSL import SSL
 
 from trio_kubelet.config import AgentOptions, KubeletConfiguration
@@ -50,6 +51,17 @@ def test_generated_pair_is_a_serving_certificate_signed_by_its_own_ca() -> None:
     assert leaf.not_valid_before_utc == now - datetime.timedelta(hours=1)
     assert leaf.not_valid_after_utc == now + datetime.timedelta(days=365)
     assert key.startswith(b"-----BEGIN RSA PRIVATE KEY-----")
+
+
+def test_generated_pair_passes_strict_verification() -> None:
+    """RFC 5280 as strict verifiers apply it (Python 3.13's default context): the leaf
+    names its issuer's key, which the CA carries."""
+    now = datetime.datetime(2026, 1, 1, tzinfo=UTC)
+    chain, _ = generate_self_signed("node-a", ["10.0.0.5"], now=now)
+    leaf, ca = x509.load_pem_x509_certificates(chain)
+    verifier = PolicyBuilder().store(Store([ca])).time(now).build_server_verifier(
+        x509.DNSName("node-a"))
+    assert verifier.verify(leaf, []) == [leaf, ca]
 
 
 def test_ip_node_name_becomes_an_ip_san() -> None:

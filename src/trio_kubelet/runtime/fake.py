@@ -1157,6 +1157,9 @@ class FakeTransport:
         if self._closed:
             _fail(method, StatusCode.UNAVAILABLE, "the CRI client is closed")
         copy = type(request).FromString(bytes(request))
+        # The request's trip to the runtime: like any real call, a checkpoint (other tasks
+        # run, a cancellation lands) before the runtime sees it.
+        await trio.lowlevel.checkpoint()
         try:
             with trio.fail_after(timeout) if timeout is not None else contextlib.nullcontext():
                 reply = await self.fake.answer(method, copy, trio.sleep)

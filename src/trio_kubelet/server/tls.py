@@ -98,6 +98,8 @@ def generate_self_signed(host: str, ips: Sequence[str] = (), *,
             digital_signature=True, key_encipherment=True, key_cert_sign=True,
             content_commitment=False, data_encipherment=False, key_agreement=False,
             crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
+                       critical=False)
         .sign(ca_key, hashes.SHA256())
     )
 
@@ -115,6 +117,10 @@ def generate_self_signed(host: str, ips: Sequence[str] = (), *,
             crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.SubjectAlternativeName(_subject_alt_names(host, ips)),
+                       critical=False)
+        # Key identifiers, as Go's x509 sets them: strict verifiers (Python 3.13's default
+        # VERIFY_X509_STRICT) refuse a CA-issued certificate without the issuer's.
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
                        critical=False)
         .sign(ca_key, hashes.SHA256())
     )
