@@ -21,7 +21,6 @@ from trio_kubelet.sources.sampler import (
     NodeStatsSampled,
     Sampler,
     parse_loadavg,
-    parse_memory_stat,
     parse_proc_stat,
 )
 
@@ -175,8 +174,6 @@ def only_pod(sample: Sample) -> Any:
 
 
 def test_parsers_read_the_kernel_formats() -> None:
-    assert parse_memory_stat(b"rss 1\ntotal_rss 5\ntotal_inactive_file 3\nbogus\n") == {
-        b"total_rss": 5, b"total_inactive_file": 3}
     # busy = user + nice + system + irq + softirq + steal (idle and iowait excluded)
     cpu_ns, boot = parse_proc_stat(b"cpu  1 2 3 100 200 4 5 6 0 0\nbtime 17\n", 100)
     assert (cpu_ns, boot) == (21 * 10_000_000, 17.0)
