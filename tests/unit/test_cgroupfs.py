@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cgroup2_fake import CONTROLLERS, FakeCgroup2fs
+from tests.cgroupfs_fake import CONTROLLERS, FakeCgroup2fs
 from trio_kubelet.resources.cgroupfs import (
     CgroupMode,
     CgroupRoots,

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import errno
+import functools
 import os
 import secrets
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
-from tests.cgroup2_fake import FakeCgroup2fs
+from tests.cgroupfs_fake import FakeCgroup2fs, cgroupfs_rmdir
 from trio_kubelet.core.pod_cgroups import kubepods_config
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.resources.cgroupfs import CgroupMode, detect_mode
@@ -62,19 +61,7 @@ class FakeCgroupfs:
 
 @pytest.fixture
 def fs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCgroupfs:
-    real_rmdir = os.rmdir
-
-    def cgroupfs_rmdir(path: Any) -> None:
-        # On cgroupfs rmdir takes the control files with it, and refuses while tasks remain.
-        procs = Path(path, "cgroup.procs")
-        if procs.exists() and procs.read_text().strip():
-            raise OSError(errno.EBUSY, "Device or resource busy", str(path))
-        for entry in os.scandir(path):
-            if entry.is_file():
-                os.unlink(entry.path)
-        real_rmdir(path)
-
-    monkeypatch.setattr(os, "rmdir", cgroupfs_rmdir)
+    monkeypatch.setattr(os, "rmdir", functools.partial(cgroupfs_rmdir, os.rmdir))
     return FakeCgroupfs(tmp_path)
 
 
@@ -322,18 +309,28 @@ async def test_a_real_pod_cgroup_is_created_joined_and_removed(real_parent: str)
         str(128 * Mi))
     assert (REAL_ROOT / "cpu" / real_parent / "kubepods" / "burstable" / "cpu.shares"
             ).read_text().strip() == "256"
-    leftover = subprocess.Popen(["sleep", "60"])
-    try:
+
+    def join(pid: int) -> None:
         # Joining the cpuset proves it was given cpus and mems (an empty one refuses tasks).
         for controller in ("cpu", "cpuset", "memory"):
-            (REAL_ROOT / controller / pod_cgroup / "cgroup.procs").write_text(str(leftover.pid))
+            (REAL_ROOT / controller / pod_cgroup / "cgroup.procs").write_text(str(pid))
+
+    await _removed_with_its_process(cgroups, join)
+    assert not any((h / pod_cgroup).exists() for h in REAL_ROOT.iterdir())
+
+
+async def _removed_with_its_process(cgroups: QOSCgroups, join: Callable[[int], None]) -> None:
+    """A process ``join``s the pod's cgroup; the pod cgroup, orphaned, is removed and the
+    process killed."""
+    leftover = subprocess.Popen(["sleep", "60"])
+    try:
+        join(leftover.pid)
         assert await cgroups.orphans([]) == [UID]
         await cgroups.remove_pod(UID)
         assert leftover.wait(timeout=5) == -9
     finally:
         leftover.kill()
         leftover.wait()
-    assert not any((h / pod_cgroup).exists() for h in REAL_ROOT.iterdir())
     assert await cgroups.orphans([]) == []
 
 
@@ -499,17 +496,12 @@ async def test_a_real_v2_pod_cgroup_is_created_joined_and_removed(real_v2_parent
     assert (pod / "pids.max").read_text().strip() == "50"
     tier = REAL_ROOT / real_v2_parent / "kubepods" / "burstable"
     assert (tier / "cpu.weight").read_text().strip() == "10"
-    leftover = subprocess.Popen(["sleep", "60"])
-    try:
+
+    def join(pid: int) -> None:
         # A process may join only a leaf: the container's cgroup, as runc makes it.
         (pod / "cgroup.subtree_control").write_text("+cpu +memory +pids")
         (pod / "c0ffee").mkdir()
-        (pod / "c0ffee" / "cgroup.procs").write_text(str(leftover.pid))
-        assert await cgroups.orphans([]) == [UID]
-        await cgroups.remove_pod(UID)
-        assert leftover.wait(timeout=5) == -9
-    finally:
-        leftover.kill()
-        leftover.wait()
+        (pod / "c0ffee" / "cgroup.procs").write_text(str(pid))
+
+    await _removed_with_its_process(cgroups, join)
     assert not pod.exists()
-    assert await cgroups.orphans([]) == []

@@ -1,4 +1,5 @@
-"""A fake cgroup v2 (unified) hierarchy in a temporary directory, for unit tests.
+"""Fake cgroup filesystems in a temporary directory, for unit tests: cgroupfs's rmdir, and a
+cgroup v2 (unified) hierarchy.
 
 Like the kernel's, its ``mkdir`` gives a new cgroup the core interface files plus
 those of each controller its parent enables (``cgroup.subtree_control``: the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,18 @@ CONTROLLER_FILES = {
 }
 
 
+def cgroupfs_rmdir(real_rmdir: Callable[..., None], path: Any, **kwargs: Any) -> None:
+    """rmdir as on cgroupfs: it takes the control files with it, and refuses while tasks
+    remain (``cgroup.procs`` not empty)."""
+    procs = Path(path, "cgroup.procs")
+    if procs.exists() and procs.read_text().strip():
+        raise OSError(errno.EBUSY, "Device or resource busy", str(path))
+    for entry in os.scandir(path):
+        if entry.is_file():
+            os.unlink(entry.path)
+    real_rmdir(path, **kwargs)
+
+
 class FakeCgroup2fs:
     """The root of a unified hierarchy; `install` makes mkdir/rmdir below it behave."""
 
@@ -62,13 +76,9 @@ class FakeCgroup2fs:
 
         def rmdir(path: Any, **kwargs: Any) -> None:
             if self._inside(path):
-                procs = Path(path, "cgroup.procs")
-                if procs.exists() and procs.read_text().strip():
-                    raise OSError(errno.EBUSY, "Device or resource busy", str(path))
-                for entry in os.scandir(path):
-                    if entry.is_file():
-                        os.unlink(entry.path)
-            real_rmdir(path, **kwargs)
+                cgroupfs_rmdir(real_rmdir, path, **kwargs)
+            else:
+                real_rmdir(path, **kwargs)
 
         monkeypatch.setattr(os, "mkdir", mkdir)
         monkeypatch.setattr(os, "rmdir", rmdir)
