@@ -11,9 +11,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trio_kubelet.resources.cgroupfs import CgroupMode, available_controllers, detect_mode
+from trio_kubelet.resources.cgroupfs import (
+    CGROUP_ROOT,
+    CgroupMode,
+    available_controllers,
+    detect_mode,
+)
 
-CGROUPS = Path("/sys/fs/cgroup")
+CGROUPS = CGROUP_ROOT
 MODE = detect_mode(CGROUPS)
 V2 = MODE is CgroupMode.V2
 

@@ -3,6 +3,7 @@ counting each kill once."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import AsyncIterator, Mapping
@@ -395,3 +396,24 @@ async def test_a_container_that_already_had_kills_is_counted_on_registration(
     make_cgroup(root, ID, oom_kill=2)
     async with watching(tmp_path, root, listed, kmsg=False) as env:
         assert (await env.next_event()).count == 2
+
+
+async def test_without_an_inotify_instance_the_kernel_log_still_counts(
+    tmp_path: Path, root: Path, autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    if not (root / "cgroup.controllers").exists():
+        pytest.skip("inotify serves cgroup v2 only")
+
+    def no_instances() -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr("trio_kubelet.sources.oom.Inotify", no_instances)
+    listed = Listed()
+    listed.add(ID)
+    make_cgroup(root, ID)
+    async with watching(tmp_path, root, listed) as env:
+        assert env.watcher.watched() == frozenset()
+        assert "Cannot watch memory.events" in caplog.text
+        env.write_kmsg(kill_records(ID))
+        assert (await env.next_event()).count == 1

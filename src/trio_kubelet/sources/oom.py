@@ -299,7 +299,7 @@ class OOMWatcher:
         Before the first `update` nothing is armed; the kernel log's kills wait
         for the relist that names their container.
         """
-        self._inotify = Inotify() if self._v2 else None
+        self._inotify = self._open_inotify() if self._v2 else None
         try:
             async with send, trio.open_nursery() as nursery:
                 self._send = send
@@ -315,6 +315,14 @@ class OOMWatcher:
                 trio.lowlevel.notify_closing(self._inotify.fd)
                 self._inotify.close()
                 self._inotify = None
+
+    def _open_inotify(self) -> Inotify | None:
+        try:
+            return Inotify()
+        except OSError as err:  # EMFILE: the user's 128 instances are taken
+            log.warning("Cannot watch memory.events (%s): OOM kills are seen through %s only",
+                        err, self._kmsg_path)
+            return None
 
     # -- the container list
 
@@ -365,12 +373,15 @@ class OOMWatcher:
 
     # -- a notification per container
 
-    def _arm(self, cgroup_dir: bytes) -> _Wake:
-        """What wakes us on an OOM in the cgroup; OSError (ENOENT) when it is gone."""
-        if self._inotify is not None:
-            wd = self._inotify.add_watch(cgroup_dir + b"/memory.events")
-            return _EventsFileWake(self._inotify, wd, self._wakes)
-        return _EventfdWake(register_oom_eventfd(cgroup_dir))
+    def _arm(self, cgroup_dir: bytes) -> _Wake | None:
+        """What wakes us on an OOM in the cgroup (None: nothing can, on v2 without an inotify
+        instance); OSError (ENOENT) when the cgroup is gone."""
+        if not self._v2:
+            return _EventfdWake(register_oom_eventfd(cgroup_dir))
+        if self._inotify is None:
+            return None
+        wd = self._inotify.add_watch(cgroup_dir + b"/memory.events")
+        return _EventsFileWake(self._inotify, wd, self._wakes)
 
     def _start_watch(self, id: str, cgroup_dir: bytes, nursery: trio.Nursery) -> None:
         """Arm the container's notification now; a task then waits on it."""
@@ -380,6 +391,8 @@ class OOMWatcher:
             if err.errno not in (errno.ENOENT, errno.ENODEV):  # else: it exited meanwhile
                 log.info("No OOM notification for container %s (kmsg still counts): %s",
                          id, err)
+            return
+        if wake is None:
             return
         scope = self._watches[id] = trio.CancelScope()
         nursery.start_soon(self._watch_container, id, cgroup_dir, wake, scope)
