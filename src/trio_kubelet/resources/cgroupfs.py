@@ -62,8 +62,9 @@ class CgroupMode(enum.Enum):
 def detect_mode(root: Path = CGROUP_ROOT) -> CgroupMode:
     """`CgroupMode.V2` when the unified hierarchy is mounted at ``root``, else `V1`.
 
-    Only the top of a cgroup2 mount has ``cgroup.controllers``; the hybrid layout's
-    ``unified/`` is below the root, so it reads as v1.
+    Every cgroup of a cgroup2 mount has ``cgroup.controllers``; v1's ``root`` is a
+    tmpfs of mount points, which has none, and the hybrid layout's cgroup2 is below
+    it (``unified/``), so both read as v1.
     """
     return CgroupMode.V2 if (root / "cgroup.controllers").is_file() else CgroupMode.V1
 
