@@ -6,12 +6,14 @@ replies, so the decoding the real client does is included: upb for the two lists
 for ListContainerStats and ImageFsInfo), the cgroup reads in a worker thread, /proc, statvfs,
 log directories, and `build_sample` (rates, pod sums).
 
-Two trees are read:
+Three trees are read:
 
-* ``real_cgroups`` (root only): 330 real cgroup v1 groups made under
-  ``/sys/fs/cgroup/{cpuacct,memory,pids}/tk-bench-<pid>/`` (removed at the end), so the kernel
-  generates every memory.stat as it would for containers;
-* ``fake_tree``: the same layout as plain files in a temporary directory.
+* ``real_cgroups`` (root only): 330 real cgroups of the hierarchy the machine boots, made
+  under ``/sys/fs/cgroup/{cpuacct,memory,pids}/tk-bench-<pid>/`` (v1) or
+  ``/sys/fs/cgroup/tk-bench-<pid>/`` (v2), removed at the end, so the kernel generates every
+  file as it would for containers;
+* ``fake_tree`` and ``fake_tree_v2``: the v1 and the v2 layout as plain files in a temporary
+  directory (a memory.stat as Linux 6.18 writes it on v1, as 6.1 writes it on v2).
 
 CPU is the process's (all threads) ``time.process_time()`` over ``--ticks`` back-to-back ticks.
 The renderings the servers cache per sample (/stats/summary, /metrics/cadvisor,
@@ -42,6 +44,7 @@ from trio_kubelet.core.stats import (
     build_resource_metrics,
     summary_json,
 )
+from trio_kubelet.resources.cgroupfs import CGROUP_ROOT, CgroupMode, detect_mode, make_cgroup
 from trio_kubelet.runtime import labels as L
 from trio_kubelet.runtime.cri.runtime import v1
 from trio_kubelet.runtime.cri_upb.runtime.v1 import api_pb2 as upb
@@ -51,6 +54,30 @@ ROOT = Path(__file__).resolve().parents[1]
 INTERVAL_S = 10.0
 TARGET_CORE_PERCENT = 2.0
 CONTROLLERS = ("cpuacct", "memory", "pids")
+_V1_STAT = """cache rss rss_huge shmem mapped_file dirty writeback workingset_refault_anon
+    workingset_refault_file swap swapcached pgpgin pgpgout pgfault pgmajfault inactive_anon
+    active_anon inactive_file active_file unevictable"""
+_V2_STAT = """anon file kernel kernel_stack pagetables sec_pagetables percpu sock vmalloc shmem
+    zswap
+    zswapped file_mapped file_dirty file_writeback swapcached anon_thp file_thp shmem_thp
+    inactive_anon active_anon inactive_file active_file unevictable slab_reclaimable
+    slab_unreclaimable slab workingset_refault_anon workingset_refault_file
+    workingset_activate_anon workingset_activate_file workingset_restore_anon
+    workingset_restore_file workingset_nodereclaim pgscan pgsteal pgscan_kswapd pgscan_direct
+    pgsteal_kswapd pgsteal_direct pgfault pgmajfault pgrefill pgactivate pgdeactivate pglazyfree
+    pglazyfreed zswpin zswpout thp_fault_alloc thp_collapse_alloc"""
+
+
+def _memory_stat(keys: list[str]) -> str:
+    """A memory.stat with these keys, in the kernel's order, and made-up figures."""
+    return "".join(f"{key} {1000 + n * 4096}\n" for n, key in enumerate(keys))
+
+
+# v1 adds the hierarchical limits and a total_ twin of each figure (42 lines).
+V1_MEMORY_STAT = _memory_stat([*_V1_STAT.split(), "hierarchical_memory_limit",
+                               "hierarchical_memsw_limit",
+                               *(f"total_{key}" for key in _V1_STAT.split())])
+V2_MEMORY_STAT = _memory_stat(_V2_STAT.split())
 
 
 class SerialisedRuntime:
@@ -114,28 +141,37 @@ class SerialisedRuntime:
         return v1.ListImagesResponse.parse(self._images).images
 
 
-def _fake_files(directory: Path, usage: int) -> None:
-    (directory / "cpuacct.usage").write_text(f"{usage * 7}\n")
-    (directory / "memory.usage_in_bytes").write_text(f"{usage}\n")
-    (directory / "memory.limit_in_bytes").write_text("9223372036854771712\n")
-    (directory / "memory.failcnt").write_text("0\n")
-    (directory / "pids.current").write_text("3\n")
-    # A real memory.stat: ~40 lines, the figures the sampler wants among them.
-    with open("/sys/fs/cgroup/memory/memory.stat") as template:
-        (directory / "memory.stat").write_text(template.read())
+def _fake_files(directory: Path, usage: int, mode: CgroupMode) -> None:
+    files = {
+        "pids.current": "3",
+        # ~45 (v1) or ~50 (v2) lines, the figures the sampler wants among them.
+        "memory.stat": V1_MEMORY_STAT if mode is CgroupMode.V1 else V2_MEMORY_STAT,
+    }
+    if mode is CgroupMode.V1:
+        files.update({"cpuacct.usage": str(usage * 7), "memory.usage_in_bytes": str(usage),
+                      "memory.limit_in_bytes": "9223372036854771712", "memory.failcnt": "0"})
+    else:
+        files.update({"cpu.stat": f"usage_usec {usage}\nuser_usec {usage}\nsystem_usec 0\n"
+                                  "nr_periods 0\nnr_throttled 0\nthrottled_usec 0\n",
+                      "memory.current": str(usage), "memory.max": "max"})
+    for name, text in files.items():
+        (directory / name).write_text(text + ("" if text.endswith("\n") else "\n"))
 
 
 @contextlib.contextmanager
-def fake_tree(ids: Sequence[str], parent: str) -> Iterator[Path]:
+def fake_tree(ids: Sequence[str], parent: str, mode: CgroupMode) -> Iterator[Path]:
     base = Path(tempfile.mkdtemp(prefix="tk-bench-cg-"))
     try:
-        for controller in CONTROLLERS:
-            (base / controller).mkdir()
+        if mode is CgroupMode.V2:
+            (base / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids\n")
+        else:
+            for controller in CONTROLLERS:
+                (base / controller).mkdir()
         for id in ids:
-            directory = base / "memory" / parent / id
+            directory = base / ("memory" if mode is CgroupMode.V1 else "") / parent / id
             directory.mkdir(parents=True)
-            _fake_files(directory, 10 << 20)
-            for controller in ("cpuacct", "pids"):
+            _fake_files(directory, 10 << 20, mode)
+            for controller in ("cpuacct", "pids") if mode is CgroupMode.V1 else ():
                 (base / controller / parent).mkdir(exist_ok=True)
                 os.symlink(directory, base / controller / parent / id)
         yield base
@@ -145,17 +181,22 @@ def fake_tree(ids: Sequence[str], parent: str) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def real_cgroups(ids: Sequence[str], parent: str) -> Iterator[Path]:
-    """Real, empty cgroups (the kernel makes their files) under each controller's root."""
+    """Real, empty cgroups (the kernel makes their files): under each v1 controller's root,
+    or in the unified hierarchy with the controllers enabled down to them."""
     made: list[Path] = []
+    tops = ([CGROUP_ROOT / c for c in CONTROLLERS] if detect_mode() is CgroupMode.V1
+            else [CGROUP_ROOT])
     try:
-        for controller in CONTROLLERS:
-            top = Path("/sys/fs/cgroup") / controller / parent
-            top.mkdir()
-            made.append(top)
+        for top in tops:
+            made.append(top / parent)
+            (top / parent).mkdir()
             for id in ids:
-                (top / id).mkdir()
-                made.append(top / id)
-        yield Path("/sys/fs/cgroup")
+                if top == CGROUP_ROOT:
+                    make_cgroup(CGROUP_ROOT, (parent, id), required=("cpu", "memory"))
+                else:
+                    (top / parent / id).mkdir()
+                made.append(top / parent / id)
+        yield CGROUP_ROOT
     finally:
         for directory in reversed(made):
             with contextlib.suppress(OSError):
@@ -232,9 +273,12 @@ def main() -> None:
         "target_core_percent": TARGET_CORE_PERCENT,
     }
     with tempfile.TemporaryDirectory(prefix="tk-bench-logs-") as logs:
-        with fake_tree(runtime.ids, parent) as root:
+        with fake_tree(runtime.ids, parent, CgroupMode.V1) as root:
             result["fake_tree"] = measure(root, parent, runtime, args.ticks, Path(logs))
-        writable = os.geteuid() == 0 and os.access("/sys/fs/cgroup/memory", os.W_OK)
+        with fake_tree(runtime.ids, parent, CgroupMode.V2) as root:
+            result["fake_tree_v2"] = measure(root, parent, runtime, args.ticks, Path(logs))
+        result["cgroup_mode"] = detect_mode().value
+        writable = os.geteuid() == 0 and os.access(CGROUP_ROOT, os.W_OK)
         if writable:
             with real_cgroups(runtime.ids, parent) as root:
                 result["real_cgroups"] = measure(root, parent, runtime, args.ticks, Path(logs))
@@ -244,8 +288,8 @@ def main() -> None:
                                   image_fs=Path("/var/lib"), pod_logs_dir=Path(logs))
                 sample = trio.run(sampler.sample_once, runtime)
         else:
-            result["real_cgroups"] = {"skipped": "needs root and a writable cgroup v1 memory"}
-            with fake_tree(runtime.ids, parent) as root:
+            result["real_cgroups"] = {"skipped": "needs root and a writable cgroup hierarchy"}
+            with fake_tree(runtime.ids, parent, CgroupMode.V1) as root:
                 sampler = Sampler(cgroup_root=root, cgroup_parent=f"/{parent}",
                                   image_fs=Path("/var/lib"), pod_logs_dir=Path(logs))
                 sample = trio.run(sampler.sample_once, runtime)

@@ -21,7 +21,7 @@ from trio_kubelet.apiserver.services import ServiceCache
 from trio_kubelet.apiserver.tokens import TokenSource
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.config import AgentOptions
-from trio_kubelet.core.pod_cgroups import kubepods_config
+from trio_kubelet.core.pod_cgroups import KUBEPODS, cgroup_path, kubepods_config
 from trio_kubelet.core.pod_dns import (
     CHECK_LIMITS_FOR_RESOLV_CONF,
     DNSSettings,
@@ -174,7 +174,7 @@ def kubepods_limits(options: AgentOptions, capacity: dict[str, Amount]) -> dict[
 async def _start_qos_cgroups(
     nursery: trio.Nursery, options: AgentOptions, store: PodStatusStore, limits: dict[str, Amount]
 ) -> QOSCgroups | None:
-    """The kubepods hierarchy (cgroupsPerQOS); without usable cgroup v1, pods run without it."""
+    """The kubepods hierarchy (cgroupsPerQOS); without usable cgroups, pods run without it."""
     config = options.config
     if not config.cgroups_per_qos:
         return None
@@ -186,6 +186,7 @@ async def _start_qos_cgroups(
     except CgroupError as err:
         log.error("QoS cgroups unavailable, pods get the runtime's default cgroups: %s", err)
         return None
+    log.info("QoS cgroups ready on cgroup %s", qos.mode.value)
     return qos
 
 
@@ -449,6 +450,8 @@ async def run_agent(
                 pod_logs_dir=Path(config.pod_logs_dir),
                 wall_clock=clock.now,
                 volumes=volume_stats.latest,
+                pods_cgroup=(cgroup_path((KUBEPODS,), config.cgroup_root)
+                             if config.cgroups_per_qos else None),
             )
             oom = OOMWatcher(on_counts=sampler.set_oom_counts, wall_clock=clock.now)
             eviction = EvictionManager(

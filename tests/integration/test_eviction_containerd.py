@@ -5,7 +5,8 @@ straight into the sync loop. The memory threshold is placed from what the machin
 available when the test starts, so the test works whatever the machine's size. Each
 agent gets a cgroup root of its own: another agent on the machine (a test running
 beside this one) would otherwise share kubepods, take these pods' cgroups for orphans
-and kill them, and see its own kubepods limits changed.
+and kill them, and see its own kubepods limits changed. The cgroup files checked are
+those of the hierarchy the machine boots (`cgroup_files.MODE`).
 """
 
 from __future__ import annotations
@@ -19,23 +20,31 @@ from pathlib import Path
 import pytest
 import trio
 
+from tests.integration.cgroup_files import (
+    CGROUPS,
+    V2,
+    go_cpu_weight,
+    has_controllers,
+    hierarchies,
+    read,
+)
 from tests.integration.harness import RunningAgent, running, running_agent
 from trio_kubelet import agent as agent_module
 from trio_kubelet.events import PodSetUpdate
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.node.machine import read_machine_facts
-from trio_kubelet.sources.sampler import CgroupRoots, read_cgroup, read_machine_info
+from trio_kubelet.resources.cgroupfs import CgroupRoots, read_cgroup
+from trio_kubelet.sources.sampler import read_machine_info
 
 pytestmark = pytest.mark.integration
 
-CGROUPS = Path("/sys/fs/cgroup")
 MiB = 1 << 20
 HOG = 1024 * MiB  # what the hog holds once triggered
 MARGIN = 400 * MiB  # the threshold sits this far below what is available at the start
 INTERVAL = 2.0  # sampler and eviction rounds, instead of 10 s
 
-if not (CGROUPS / "memory").is_dir() or not (CGROUPS / "cpu").is_dir():
-    pytest.skip("cgroup v1 cpu and memory hierarchies are needed", allow_module_level=True)
+if not has_controllers("cpu", "memory"):
+    pytest.skip("the cgroup cpu and memory controllers are needed", allow_module_level=True)
 
 
 @pytest.fixture(autouse=True)
@@ -44,21 +53,12 @@ def quick_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(agent_module, "EVICTION_MONITORING_INTERVAL", INTERVAL)
 
 
-def _hierarchies() -> list[Path]:
-    """Every mounted v1 hierarchy once (cpu and cpuacct are often one mount)."""
-    seen: dict[str, Path] = {}
-    for entry in sorted(CGROUPS.iterdir()):
-        if entry.is_dir() and not entry.is_symlink():
-            seen.setdefault(os.path.realpath(entry), entry)
-    return list(seen.values())
-
-
 @pytest.fixture
 def cgroup_root() -> Iterator[str]:
     """A cgroup root (``--cgroup-root``) of this test's own, removed afterwards."""
     name = f"trio-itest-{uuid.uuid4().hex[:8]}"
     made = []
-    for hierarchy in _hierarchies():
+    for hierarchy in hierarchies():
         with contextlib.suppress(OSError):
             (hierarchy / name).mkdir()
             made.append(hierarchy / name)
@@ -70,7 +70,8 @@ def cgroup_root() -> Iterator[str]:
 
 
 def memory_available() -> int:
-    """memory.available as the eviction manager computes it: capacity less the root working set."""
+    """memory.available as the eviction manager computes it: capacity less the root working set
+    (on v2 the root's memory.stat anon + file, less inactive_file)."""
     root = read_cgroup(CgroupRoots.under(CGROUPS), b"")
     assert root is not None and root.memory_working_set_bytes is not None
     return read_machine_info().memory_capacity_bytes - root.memory_working_set_bytes
@@ -176,10 +177,6 @@ async def test_a_memory_hog_is_evicted_and_a_well_behaved_pod_keeps_running(
                     await agent.store.wait_changed()
 
 
-def read(controller: str, *parts: str) -> str:
-    return CGROUPS.joinpath(controller, *parts).read_text().strip()
-
-
 async def test_kubepods_is_held_to_allocatable_without_the_eviction_margin(
     containerd, tmp_path: Path, cgroup_root: str  # type: ignore[no-untyped-def]
 ) -> None:
@@ -188,18 +185,31 @@ async def test_kubepods_is_held_to_allocatable_without_the_eviction_margin(
     flags = ("--kube-reserved", "cpu=100m,memory=96Mi", "--system-reserved", "memory=32Mi",
              "--eviction-hard", "memory.available<300Mi", "--cgroup-root", cgroup_root)
     async with running_agent(containerd.endpoint, tmp_path, *flags):
-        limit = int(read("memory", *kubepods, "memory.limit_in_bytes"))
-        shares = int(read("cpu", *kubepods, "cpu.shares"))
+        limit, cpu = kubepods_limits(kubepods)
     # Reserved memory is held back; the eviction threshold is not (eviction keeps it).
     assert limit == machine.memory_bytes - 128 * MiB
-    assert shares == (machine.num_cores * 1000 - 100) * 1024 // 1000
+    assert cpu == cpu_setting((machine.num_cores * 1000 - 100) * 1024 // 1000)
 
     (tmp_path / "off").mkdir()
     async with running_agent(containerd.endpoint, tmp_path / "off",
                              "--enforce-node-allocatable", "none", *flags):
         # Not enforced: kubepods gets the whole machine.
-        assert int(read("memory", *kubepods, "memory.limit_in_bytes")) == machine.memory_bytes
-        assert int(read("cpu", *kubepods, "cpu.shares")) == machine.num_cores * 1024
+        assert kubepods_limits(kubepods) == (
+            machine.memory_bytes, cpu_setting(machine.num_cores * 1024))
+
+
+def kubepods_limits(kubepods: tuple[str, ...]) -> tuple[int, int]:
+    """kubepods' memory limit and cpu shares (v1) or weight (v2)."""
+    if V2:
+        return int(read("memory", *kubepods, "memory.max")), int(
+            read("cpu", *kubepods, "cpu.weight"))
+    return int(read("memory", *kubepods, "memory.limit_in_bytes")), int(
+        read("cpu", *kubepods, "cpu.shares"))
+
+
+def cpu_setting(shares: int) -> int:
+    """What kubepods' cpu file holds for these shares in this mode."""
+    return go_cpu_weight(shares) if V2 else shares
 
 
 def storage_pod(name: str, command: str, *, size_limit: str | None = None,

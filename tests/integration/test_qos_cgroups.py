@@ -1,24 +1,21 @@
-"""QoS cgroups (cgroupsPerQOS) on containerd: the kubepods hierarchy, pod limits, OOM kills."""
+"""QoS cgroups (cgroupsPerQOS) on containerd: the kubepods hierarchy, pod limits, OOM kills.
+
+On whichever hierarchy the machine boots (`cgroup_files.MODE`): each mode's own files
+and the values the Go kubelet writes there.
+"""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import trio
 
+from tests.integration.cgroup_files import V2, directory, go_cpu_weight, has_controllers, read
 from tests.integration.harness import container, running, running_agent
 
 pytestmark = pytest.mark.integration
 
-CGROUPS = Path("/sys/fs/cgroup")
-
-if not (CGROUPS / "cpu").is_dir() or not (CGROUPS / "memory").is_dir():
-    pytest.skip("cgroup v1 cpu and memory hierarchies are needed", allow_module_level=True)
-
-
-def read(controller: str, *parts: str) -> str:
-    return CGROUPS.joinpath(controller, *parts).read_text().strip()
+if not has_controllers("cpu", "memory"):
+    pytest.skip("the cgroup cpu and memory controllers are needed", allow_module_level=True)
 
 
 async def test_pods_get_cgroups_in_their_qos_tier_and_lose_them_when_gone(containerd, tmp_path):
@@ -60,22 +57,34 @@ async def test_pods_get_cgroups_in_their_qos_tier_and_lose_them_when_gone(contai
         guaranteed = ("kubepods", f"pod{pods['guaranteed'].metadata.uid}")
         burstable = ("kubepods", "burstable", f"pod{pods['burstable'].metadata.uid}")
         besteffort = ("kubepods", "besteffort", f"pod{pods['besteffort'].metadata.uid}")
-        assert read("cpu", *guaranteed, "cpu.shares") == "512"
-        assert read("cpu", *guaranteed, "cpu.cfs_quota_us") == "50000"
-        assert read("memory", *guaranteed, "memory.limit_in_bytes") == str(64 * 2**20)
-        assert read("cpu", *burstable, "cpu.shares") == "256"
-        assert read("cpu", *besteffort, "cpu.shares") == "2"
-        # The tier holds the requests of its pods; the containers live inside their pod.
-        assert int(read("cpu", "kubepods", "burstable", "cpu.shares")) >= 256
+        if V2:
+            assert read("cpu", *guaranteed, "cpu.weight") == str(go_cpu_weight(512))
+            assert read("cpu", *guaranteed, "cpu.max") == "50000 100000"
+            assert read("memory", *guaranteed, "memory.max") == str(64 * 2**20)
+            assert read("cpu", *burstable, "cpu.weight") == str(go_cpu_weight(256))
+            assert read("cpu", *burstable, "cpu.max") == "max 100000", "no limit"
+            assert read("memory", *burstable, "memory.max") == "max"
+            assert read("cpu", *besteffort, "cpu.weight") == str(go_cpu_weight(2))
+            tier_weight = int(read("cpu", "kubepods", "burstable", "cpu.weight"))
+            assert tier_weight >= go_cpu_weight(256)
+        else:
+            assert read("cpu", *guaranteed, "cpu.shares") == "512"
+            assert read("cpu", *guaranteed, "cpu.cfs_quota_us") == "50000"
+            assert read("memory", *guaranteed, "memory.limit_in_bytes") == str(64 * 2**20)
+            assert read("cpu", *burstable, "cpu.shares") == "256"
+            assert read("cpu", *besteffort, "cpu.shares") == "2"
+            # The tier holds the requests of its pods.
+            assert int(read("cpu", "kubepods", "burstable", "cpu.shares")) >= 256
+        # The containers live inside their pod.
         container_id = container(pods["burstable"], "app").container_id.partition("://")[2]
-        assert CGROUPS.joinpath("memory", *burstable, container_id).is_dir()
+        assert directory("memory", *burstable, container_id).is_dir()
 
         (agent.manifests / "qos.yaml").unlink()
         for name in ("guaranteed", "burstable", "besteffort"):
             await agent.wait_gone(name)
         for parts in (guaranteed, burstable, besteffort):
-            assert not CGROUPS.joinpath("memory", *parts).exists()
-            assert not CGROUPS.joinpath("cpu", *parts).exists()
+            assert not directory("memory", *parts).exists()
+            assert not directory("cpu", *parts).exists()
 
 
 async def test_container_over_its_memory_limit_is_oom_killed(containerd, tmp_path):
@@ -101,8 +110,8 @@ async def test_container_over_its_memory_limit_is_oom_killed(containerd, tmp_pat
 
 async def test_pod_max_pids_caps_the_processes_of_a_pod(containerd, tmp_path):
     """--pod-max-pids (podPidsLimit) is each pod cgroup's pids.max: a pod cannot fork past it."""
-    if not (CGROUPS / "pids").is_dir():
-        pytest.skip("the cgroup v1 pids hierarchy is needed")
+    if not has_controllers("pids"):
+        pytest.skip("the cgroup pids controller is needed")
     async with running_agent(containerd.endpoint, tmp_path, "--pod-max-pids", "12") as agent:
         # A subshell forks 30 sleeps (and gives up at the first refused fork); the main
         # shell then reports and stays.

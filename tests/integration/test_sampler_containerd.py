@@ -1,4 +1,9 @@
-"""The sampler and the OOM watcher on real containerd containers and real cgroup v1 files."""
+"""The sampler and the OOM watcher on real containerd containers and real cgroup files.
+
+Whichever hierarchy the machine boots: the figures and events asserted here are the
+same on cgroup v1 and v2 (the OOM watcher's per-container signal is an eventfd on v1,
+memory.events on v2; the container's cgroup path is the same in both).
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""sources.oom: kernel-log parsing, eventfds on a fake cgroup tree, counting each kill once."""
+"""sources.oom: kernel-log parsing, eventfds (v1) and memory.events (v2) on fake cgroup trees,
+counting each kill once."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import AsyncIterator, Mapping
@@ -93,16 +95,35 @@ def test_container_id_of_a_cgroup(cgroup: str, id: str) -> None:
 
 
 def make_cgroup(root: Path, id: str, oom_kill: int = 0) -> Path:
-    directory = root / "memory" / "k8s.io" / id
+    """The container's memory cgroup, in whichever hierarchy ``root`` holds."""
+    v2 = (root / "cgroup.controllers").exists()
+    directory = root / ("" if v2 else "memory") / "k8s.io" / id
     directory.mkdir(parents=True, exist_ok=True)
+    if not v2:
+        (directory / "cgroup.event_control").write_text("")
     set_oom_kill(directory, oom_kill)
-    (directory / "cgroup.event_control").write_text("")
     return directory
 
 
 def set_oom_kill(directory: Path, count: int) -> None:
-    (directory / "memory.oom_control").write_text(
-        f"oom_kill_disable 0\nunder_oom 0\noom_kill {count}\n")
+    """The cgroup's oom_kill counter moves: on v1 silently (the eventfd is separate), on v2
+    by modifying memory.events, which is a notification in itself, as in the kernel."""
+    if (directory / "cgroup.event_control").exists():
+        (directory / "memory.oom_control").write_text(
+            f"oom_kill_disable 0\nunder_oom 0\noom_kill {count}\n")
+    else:
+        (directory / "memory.events").write_text(
+            f"low 0\nhigh 0\nmax {count}\noom {count}\noom_kill {count}\noom_group_kill 0\n")
+
+
+def notify(directory: Path) -> None:
+    """What the kernel does on an OOM: signal the eventfd (v1), modify memory.events (v2:
+    its "oom" counter moves before "oom_kill" does)."""
+    if (directory / "cgroup.event_control").exists():
+        os.eventfd_write(registered_eventfd(directory), 1)
+    else:
+        events = directory / "memory.events"
+        events.write_text(events.read_text())
 
 
 def registered_eventfd(directory: Path) -> int:
@@ -187,12 +208,22 @@ class Env:
             self.events.receive_nowait()
 
 
+@pytest.fixture(params=["v1", "v2"])
+def root(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    """A cgroup root, the v1 memory hierarchy's or the unified hierarchy's."""
+    root = tmp_path / "cgroup"
+    if request.param == "v2":
+        root.mkdir()
+        (root / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids\n")
+    else:
+        (root / "memory").mkdir(parents=True)
+    return root
+
+
 @asynccontextmanager
-async def watching(tmp_path: Path, listed: Listed, *, kmsg: bool = True,
+async def watching(tmp_path: Path, root: Path, listed: Listed, *, kmsg: bool = True,
                    relisted: bool = True) -> AsyncIterator[Env]:
     """A running watcher; ``relisted``: given one relist already (the PLEG started first)."""
-    root = tmp_path / "cgroup"
-    (root / "memory").mkdir(parents=True, exist_ok=True)
     fifo = tmp_path / "kmsg"
     writer = None
     if kmsg:
@@ -218,15 +249,15 @@ async def watching(tmp_path: Path, listed: Listed, *, kmsg: bool = True,
 
 
 async def test_an_oom_in_a_watched_container_is_counted_and_sent(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, root: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     listed = Listed()
     listed.add(ID)
-    directory = make_cgroup(tmp_path / "cgroup", ID)
-    async with watching(tmp_path, listed, kmsg=False) as env:
+    directory = make_cgroup(root, ID)
+    async with watching(tmp_path, root, listed, kmsg=False) as env:
         assert env.watcher.watched() == {ID}
         set_oom_kill(directory, 1)
-        os.eventfd_write(registered_eventfd(directory), 1)
+        notify(directory)
         event = await env.next_event()
         assert event == OOMEvent(
             container_id=ID, pod_uid="uid-web", pod_name="web", pod_namespace="prod",
@@ -237,13 +268,13 @@ async def test_an_oom_in_a_watched_container_is_counted_and_sent(
 
 
 async def test_containers_are_watched_from_the_relist_that_lists_them_to_the_one_that_does_not(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, root: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     listed = Listed()
-    async with watching(tmp_path, listed, kmsg=False, relisted=False) as env:
+    async with watching(tmp_path, root, listed, kmsg=False, relisted=False) as env:
         assert env.watcher.watched() == frozenset(), "nothing to arm before the first relist"
-        make_cgroup(tmp_path / "cgroup", "a")
-        make_cgroup(tmp_path / "cgroup", "b")
+        make_cgroup(root, "a")
+        make_cgroup(root, "b")
         listed.add("a")
         listed.add("b", pod="api")
         await env.relist()
@@ -254,45 +285,45 @@ async def test_containers_are_watched_from_the_relist_that_lists_them_to_the_one
 
 
 async def test_the_counter_is_rechecked_when_the_kernel_notifies_before_killing(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, root: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     listed = Listed()
     listed.add(ID)
-    directory = make_cgroup(tmp_path / "cgroup", ID)
-    async with watching(tmp_path, listed, kmsg=False) as env:
-        os.eventfd_write(registered_eventfd(directory), 1)
+    directory = make_cgroup(root, ID)
+    async with watching(tmp_path, root, listed, kmsg=False) as env:
+        notify(directory)
         await trio.sleep(0.05)
         set_oom_kill(directory, 1)  # the kill lands after the notification
         assert (await env.next_event()).count == 1
 
 
 async def test_a_kill_seen_by_both_signals_is_counted_once(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, root: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     listed = Listed()
     listed.add(ID)
-    directory = make_cgroup(tmp_path / "cgroup", ID)
-    async with watching(tmp_path, listed) as env:
+    directory = make_cgroup(root, ID)
+    async with watching(tmp_path, root, listed) as env:
         env.write_kmsg(kill_records(ID, pid=42, task="dd"))
         event = await env.next_event()
         assert (event.count, event.process, event.pid) == (1, "dd", 42)
         set_oom_kill(directory, 1)
-        os.eventfd_write(registered_eventfd(directory), 1)
+        notify(directory)
         await env.no_event()
         assert env.watcher.counts == {ID: 1}
 
         set_oom_kill(directory, 2)  # a second kill the log has not shown yet
-        os.eventfd_write(registered_eventfd(directory), 1)
+        notify(directory)
         assert (await env.next_event()).count == 2
         env.write_kmsg(kill_records(ID))
         await env.no_event()
 
 
 async def test_an_early_kill_is_counted_from_the_kernel_log_at_the_next_relist(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, root: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     listed = Listed()
-    async with watching(tmp_path, listed, relisted=False) as env:
+    async with watching(tmp_path, root, listed, relisted=False) as env:
         env.write_kmsg(kill_records("new", pid=7))
         await env.no_event()  # a container no relist has named yet
         listed.add("new", name="oom", pod="job", state=ContainerState.EXITED)
@@ -308,19 +339,29 @@ async def test_an_early_kill_is_counted_from_the_kernel_log_at_the_next_relist(
 
 
 async def test_a_vanished_cgroup_ends_its_watch_quietly(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, root: Path, autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     listed = Listed()
     listed.add(ID)
-    directory = make_cgroup(tmp_path / "cgroup", ID)
-    async with watching(tmp_path, listed, kmsg=False) as env:
-        efd = registered_eventfd(directory)
+    directory = make_cgroup(root, ID)
+    v1 = (directory / "cgroup.event_control").exists()
+    async with watching(tmp_path, root, listed, kmsg=False) as env:
+        efd = registered_eventfd(directory) if v1 else -1
         for child in directory.iterdir():
             child.unlink()
         directory.rmdir()
-        os.eventfd_write(efd, 1)  # the kernel signals the removal too
-        await env.no_event()
-        assert env.watcher.watched() == frozenset()
+        if v1:
+            os.eventfd_write(efd, 1)  # the kernel signals the removal too
+            await env.no_event()
+            assert env.watcher.watched() == frozenset()
+        else:
+            # kernfs sends nothing when a cgroup goes: the watch ends with the relist that
+            # no longer shows the container running.
+            await env.no_event()
+            listed.exit(ID)
+            await env.relist()
+            assert env.watcher.watched() == frozenset()
         listed.containers.clear()
         await env.relist()
         assert env.watcher.counts == {}
@@ -328,14 +369,14 @@ async def test_a_vanished_cgroup_ends_its_watch_quietly(
 
 
 async def test_counts_of_removed_containers_are_forgotten(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, root: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     listed = Listed()
     listed.add(ID)
-    directory = make_cgroup(tmp_path / "cgroup", ID, oom_kill=0)
-    async with watching(tmp_path, listed) as env:
+    directory = make_cgroup(root, ID, oom_kill=0)
+    async with watching(tmp_path, root, listed) as env:
         set_oom_kill(directory, 1)
-        os.eventfd_write(registered_eventfd(directory), 1)
+        notify(directory)
         await env.next_event()
         listed.exit(ID)
         await env.relist()
@@ -348,10 +389,31 @@ async def test_counts_of_removed_containers_are_forgotten(
 
 
 async def test_a_container_that_already_had_kills_is_counted_on_registration(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, root: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     listed = Listed()
     listed.add(ID)
-    make_cgroup(tmp_path / "cgroup", ID, oom_kill=2)
-    async with watching(tmp_path, listed, kmsg=False) as env:
+    make_cgroup(root, ID, oom_kill=2)
+    async with watching(tmp_path, root, listed, kmsg=False) as env:
         assert (await env.next_event()).count == 2
+
+
+async def test_without_an_inotify_instance_the_kernel_log_still_counts(
+    tmp_path: Path, root: Path, autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    if not (root / "cgroup.controllers").exists():
+        pytest.skip("inotify serves cgroup v2 only")
+
+    def no_instances() -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr("trio_kubelet.sources.oom.Inotify", no_instances)
+    listed = Listed()
+    listed.add(ID)
+    make_cgroup(root, ID)
+    async with watching(tmp_path, root, listed) as env:
+        assert env.watcher.watched() == frozenset()
+        assert "Cannot watch memory.events" in caplog.text
+        env.write_kmsg(kill_records(ID))
+        assert (await env.next_event()).count == 1

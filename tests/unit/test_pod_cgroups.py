@@ -11,10 +11,12 @@ from hypothesis import strategies as st
 from trio_kubelet.core.pod_cgroups import (
     CPU_PERIOD_US,
     MAX_SHARES,
+    MAX_WEIGHT,
     MIN_SHARES,
     UNBOUNDED_HUGEPAGES,
     CgroupConfig,
     cgroup_parent_for,
+    cpu_weight,
     kubepods_config,
     pod_cgroup_name,
     pod_resource_config,
@@ -119,6 +121,26 @@ def test_shares_and_quota_are_clamped() -> None:
     assert (tiny.cpu_shares, tiny.cpu_quota) == (MIN_SHARES, 1000)
     huge = pod_resource_config(pod(container("a", {"cpu": "1000"}, {"cpu": "1000"})))
     assert huge.cpu_shares == MAX_SHARES
+
+
+@pytest.mark.parametrize(("shares", "weight"), [
+    (MIN_SHARES, 1),  # BestEffort
+    (256, 10),  # 250m
+    (512, 20),  # 500m
+    (1024, 39),  # one CPU: well below v2's default weight of 100
+    (8192, 313),  # 8 CPUs: the kubepods weight a Go kubelet on 16 cores, half reserved, sets
+    (MAX_SHARES - 1, 9999),
+    (MAX_SHARES, MAX_WEIGHT),
+])
+def test_cpu_weight_is_the_go_kubelet_s_linear_conversion(shares: int, weight: int) -> None:
+    assert cpu_weight(shares) == weight
+
+
+@given(st.integers(MIN_SHARES, MAX_SHARES), st.integers(MIN_SHARES, MAX_SHARES))
+def test_cpu_weight_keeps_the_order_of_shares_within_its_range(a: int, b: int) -> None:
+    assert 1 <= cpu_weight(a) <= MAX_WEIGHT
+    if a <= b:
+        assert cpu_weight(a) <= cpu_weight(b)
 
 
 def test_sub_millicore_requests_round_up_like_milli_value() -> None:

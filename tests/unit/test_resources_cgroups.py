@@ -1,20 +1,21 @@
-"""resources.cgroups: the QoS hierarchy on a fake cgroup v1 tree, and once on the real one."""
+"""resources.cgroups: the QoS hierarchy on fake cgroup v1 and v2 trees, and on the real one."""
 
 from __future__ import annotations
 
-import errno
+import functools
 import os
 import secrets
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
+from tests.cgroupfs_fake import FakeCgroup2fs, cgroupfs_rmdir
 from trio_kubelet.core.pod_cgroups import kubepods_config
 from trio_kubelet.model.pod import Pod
+from trio_kubelet.resources.cgroupfs import CgroupMode, detect_mode
 from trio_kubelet.resources.cgroups import REQUIRED, CgroupError, QOSCgroups
 
 UID = "6f1e0c2a-7b3d-4e5f-8a9b-0c1d2e3f4a5b"
@@ -60,19 +61,7 @@ class FakeCgroupfs:
 
 @pytest.fixture
 def fs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCgroupfs:
-    real_rmdir = os.rmdir
-
-    def cgroupfs_rmdir(path: Any) -> None:
-        # On cgroupfs rmdir takes the control files with it, and refuses while tasks remain.
-        procs = Path(path, "cgroup.procs")
-        if procs.exists() and procs.read_text().strip():
-            raise OSError(errno.EBUSY, "Device or resource busy", str(path))
-        for entry in os.scandir(path):
-            if entry.is_file():
-                os.unlink(entry.path)
-        real_rmdir(path)
-
-    monkeypatch.setattr(os, "rmdir", cgroupfs_rmdir)
+    monkeypatch.setattr(os, "rmdir", functools.partial(cgroupfs_rmdir, os.rmdir))
     return FakeCgroupfs(tmp_path)
 
 
@@ -320,18 +309,28 @@ async def test_a_real_pod_cgroup_is_created_joined_and_removed(real_parent: str)
         str(128 * Mi))
     assert (REAL_ROOT / "cpu" / real_parent / "kubepods" / "burstable" / "cpu.shares"
             ).read_text().strip() == "256"
-    leftover = subprocess.Popen(["sleep", "60"])
-    try:
+
+    def join(pid: int) -> None:
         # Joining the cpuset proves it was given cpus and mems (an empty one refuses tasks).
         for controller in ("cpu", "cpuset", "memory"):
-            (REAL_ROOT / controller / pod_cgroup / "cgroup.procs").write_text(str(leftover.pid))
+            (REAL_ROOT / controller / pod_cgroup / "cgroup.procs").write_text(str(pid))
+
+    await _removed_with_its_process(cgroups, join)
+    assert not any((h / pod_cgroup).exists() for h in REAL_ROOT.iterdir())
+
+
+async def _removed_with_its_process(cgroups: QOSCgroups, join: Callable[[int], None]) -> None:
+    """A process ``join``s the pod's cgroup; the pod cgroup, orphaned, is removed and the
+    process killed."""
+    leftover = subprocess.Popen(["sleep", "60"])
+    try:
+        join(leftover.pid)
         assert await cgroups.orphans([]) == [UID]
         await cgroups.remove_pod(UID)
         assert leftover.wait(timeout=5) == -9
     finally:
         leftover.kill()
         leftover.wait()
-    assert not any((h / pod_cgroup).exists() for h in REAL_ROOT.iterdir())
     assert await cgroups.orphans([]) == []
 
 
@@ -345,3 +344,164 @@ async def test_pod_pids_limit_becomes_pids_max_of_every_pod_cgroup(fs: FakeCgrou
     await unlimited.ensure_pod(other)
     assert not (fs.root / "pids" / "kubepods" / "besteffort" / f"pod{other.metadata.uid}" /
                 "pids.max").exists()
+
+
+# -- cgroup v2 (the unified hierarchy) -------------------------------------------------------
+
+
+@pytest.fixture
+def fs2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCgroup2fs:
+    fs = FakeCgroup2fs(tmp_path / "cgroup")
+    fs.install(monkeypatch)
+    return fs
+
+
+async def test_v2_start_creates_kubepods_and_tiers_with_their_controllers(
+    fs2: FakeCgroup2fs,
+) -> None:
+    cgroups = QOSCgroups(fs2.root)
+    assert cgroups.mode is CgroupMode.V2
+    await cgroups.start([BURSTABLE, GUARANTEED])
+    # Each ancestor enables the controllers for the cgroups below it.
+    for parent in ("/", "/kubepods"):
+        assert {"cpu", "memory", "pids", "hugetlb"} <= fs2.enabled(parent)
+    assert fs2.read("kubepods/burstable", "cpu.weight") == "10", "256 shares"
+    assert fs2.read("kubepods/besteffort", "cpu.weight") == "1", "2 shares"
+    for tier in ("kubepods/burstable", "kubepods/besteffort"):
+        assert fs2.read(tier, "cpu.max") == "max 100000"
+        assert fs2.read(tier, "hugetlb.2MB.max") == fs2.read(tier, "hugetlb.1GB.max") == str(
+            1 << 62)
+        assert fs2.read(tier, "hugetlb.2MB.rsvd.max") == str(1 << 62)
+
+
+async def test_v2_start_applies_the_kubepods_setting(fs2: FakeCgroup2fs) -> None:
+    kubepods = kubepods_config({"cpu": "2", "memory": "3Gi", "hugepages-2Mi": "64Mi"})
+    await QOSCgroups(fs2.root, kubepods=kubepods).start()
+    assert fs2.read("kubepods", "cpu.weight") == "79", "2048 shares"
+    assert fs2.read("kubepods", "memory.max") == str(3 << 30)
+    assert fs2.read("kubepods", "hugetlb.2MB.max") == str(64 * Mi)
+    assert fs2.read("kubepods", "hugetlb.1GB.max") == "0"
+
+
+async def test_v2_start_below_a_custom_cgroup_root(fs2: FakeCgroup2fs) -> None:
+    (fs2.root / "custom").mkdir()
+    cgroups = QOSCgroups(fs2.root, "/custom")
+    await cgroups.start()
+    assert {"cpu", "memory"} <= fs2.enabled("/custom")
+    assert fs2.read("custom/kubepods/besteffort", "cpu.weight") == "1"
+    assert cgroups.cgroup_parent(BURSTABLE) == f"/custom/kubepods/burstable/pod{UID}"
+    with pytest.raises(CgroupError, match="cgroup root '/nowhere' does not exist"):
+        await QOSCgroups(fs2.root, "/nowhere").start()
+
+
+async def test_v2_start_refuses_a_missing_required_controller(fs2: FakeCgroup2fs) -> None:
+    (fs2.root / "cgroup.controllers").write_text("cpuset cpu io pids\n")
+    with pytest.raises(CgroupError, match="cgroup v2 controller 'memory' is not available"):
+        await QOSCgroups(fs2.root).start()
+
+
+async def test_v2_pod_cgroups_get_go_s_values(fs2: FakeCgroup2fs) -> None:
+    cgroups = QOSCgroups(fs2.root, pod_pids_limit=100)
+    await cgroups.start()
+    await cgroups.ensure_pod(GUARANTEED)
+    guaranteed = f"kubepods/pod{UID}"
+    assert fs2.read(guaranteed, "cpu.weight") == "20", "512 shares"
+    assert fs2.read(guaranteed, "cpu.max") == "50000 100000"
+    assert fs2.read(guaranteed, "memory.max") == str(128 * Mi)
+    assert fs2.read(guaranteed, "memory.min") == "0", "MemoryQoS (off in Go) is not done"
+    assert fs2.read(guaranteed, "pids.max") == "100"
+    assert fs2.read(guaranteed, "hugetlb.2MB.max") == "0", "huge pages not requested"
+    assert fs2.enabled(guaranteed) == set(), "runc enables what its containers need"
+
+    other = make_pod(requests={"cpu": "250m"}, uid="0b9c6f2e-1d2a-4c3b-9e8f-7a6b5c4d3e2f")
+    await QOSCgroups(fs2.root).ensure_pod(other)
+    burstable = f"kubepods/burstable/pod{other.metadata.uid}"
+    assert fs2.read(burstable, "cpu.weight") == "10"
+    assert fs2.read(burstable, "cpu.max") == "max 100000", "no limit on every container"
+    assert fs2.read(burstable, "memory.max") == "max"
+    assert fs2.read(burstable, "pids.max") == "max", "podPidsLimit unset"
+
+
+async def test_v2_ensure_pod_leaves_an_existing_pod_cgroup_alone(fs2: FakeCgroup2fs) -> None:
+    cgroups = QOSCgroups(fs2.root)
+    await cgroups.start()
+    await cgroups.ensure_pod(GUARANTEED)
+    (fs2.root / "kubepods" / f"pod{UID}" / "cpu.weight").write_text("777")
+    await cgroups.ensure_pod(GUARANTEED)
+    assert fs2.read(f"kubepods/pod{UID}", "cpu.weight") == "777"
+
+
+async def test_v2_update_qos_follows_the_burstable_requests(fs2: FakeCgroup2fs) -> None:
+    cgroups = QOSCgroups(fs2.root)
+    with pytest.raises(CgroupError, match="kubepods/burstable"):
+        await cgroups.update_qos([BURSTABLE])
+    await cgroups.start()
+    await cgroups.update_qos([BURSTABLE, make_pod(requests={"cpu": "1"}, uid="other")])
+    assert fs2.read("kubepods/burstable", "cpu.weight") == "49", "1280 shares"
+
+
+async def test_v2_remove_pod_kills_what_is_left_and_removes_the_cgroup(
+    fs2: FakeCgroup2fs,
+) -> None:
+    cgroups = QOSCgroups(fs2.root)
+    await cgroups.start()
+    await cgroups.ensure_pod(BEST_EFFORT)
+    await cgroups.ensure_pod(make_pod(requests={"cpu": "1"}, uid="burst"))
+    pod = fs2.root / "kubepods" / "besteffort" / f"pod{UID}"
+    (pod / "cgroup.subtree_control").write_text("+cpu +memory +pids")
+    (pod / "c0ffee").mkdir()  # what runc makes: the container's cgroup in the same tree
+    assert await cgroups.orphans([]) == sorted(["burst", UID])
+    leftover = subprocess.Popen(["sleep", "60"])
+    try:
+        (pod / "c0ffee" / "cgroup.procs").write_text(f"{leftover.pid}\n")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_empty_procs_when_dead, leftover, pod / "c0ffee" / "cgroup.procs")
+            await cgroups.remove_pod(UID)
+        assert leftover.returncode == -9
+    finally:
+        leftover.kill()
+        leftover.wait()
+    assert not pod.exists() and (fs2.root / "kubepods" / "besteffort").is_dir()
+    assert await cgroups.orphans(["burst"]) == []
+
+
+def _cgroup_v2_as_root() -> bool:
+    return os.geteuid() == 0 and detect_mode(REAL_ROOT) is CgroupMode.V2
+
+
+@pytest.fixture
+def real_v2_parent() -> Iterator[str]:
+    parent = f"trio-kubelet-test-{secrets.token_hex(4)}"
+    (REAL_ROOT / parent).mkdir()
+    try:
+        yield parent
+    finally:
+        _remove_real_v2(REAL_ROOT / parent)
+
+
+def _remove_real_v2(top: Path) -> None:
+    for directory, _, _ in os.walk(top, topdown=False):
+        os.rmdir(directory)
+
+
+@pytest.mark.skipif(not _cgroup_v2_as_root(), reason="needs root on a cgroup v2 hierarchy")
+async def test_a_real_v2_pod_cgroup_is_created_joined_and_removed(real_v2_parent: str) -> None:
+    cgroups = QOSCgroups(REAL_ROOT, f"/{real_v2_parent}", pod_pids_limit=50)
+    await cgroups.start([BURSTABLE])
+    await cgroups.ensure_pod(GUARANTEED)
+    pod = REAL_ROOT / real_v2_parent / "kubepods" / f"pod{UID}"
+    assert (pod / "cpu.weight").read_text().strip() == "20"
+    assert (pod / "cpu.max").read_text().strip() == "50000 100000"
+    assert (pod / "memory.max").read_text().strip() == str(128 * Mi)
+    assert (pod / "pids.max").read_text().strip() == "50"
+    tier = REAL_ROOT / real_v2_parent / "kubepods" / "burstable"
+    assert (tier / "cpu.weight").read_text().strip() == "10"
+
+    def join(pid: int) -> None:
+        # A process may join only a leaf: the container's cgroup, as runc makes it.
+        (pod / "cgroup.subtree_control").write_text("+cpu +memory +pids")
+        (pod / "c0ffee").mkdir()
+        (pod / "c0ffee" / "cgroup.procs").write_text(str(pid))
+
+    await _removed_with_its_process(cgroups, join)
+    assert not pod.exists()

@@ -267,9 +267,12 @@ def observe(sample: Sample, *, pods_memory_limit: int | None = None) -> dict[str
     """The signals a sample shows; a signal it cannot tell is left out.
 
     memory.available is the machine's memory less the root cgroup's working set (what
-    cAdvisor and the Go summary report for the node). allocatableMemory.available is
-    ``pods_memory_limit`` (the kubepods limit) less the pods' working sets; the
-    container filesystem is the image filesystem (the writable layers live there).
+    cAdvisor and the Go summary report for the node; on cgroup v2 the root's usage is
+    its memory.stat's anon + file, as runc computes it). allocatableMemory.available is
+    ``pods_memory_limit`` (the kubepods limit) less the working set of the kubepods
+    cgroup (Go's "pods" system container), or of the pods summed when that cgroup was
+    not read; the container filesystem is the image filesystem (the writable layers
+    live there).
     """
     t = sample.timestamp
     node = sample.node.reading
@@ -278,11 +281,10 @@ def observe(sample: Sample, *, pods_memory_limit: int | None = None) -> dict[str
     working_set = node.figures.memory_working_set_bytes
     if working_set is not None and capacity > 0:
         found[MEMORY_AVAILABLE] = Observation(max(0, capacity - working_set), capacity, t)
-    pods_ws = [p.figures.memory_working_set_bytes for p in sample.pods]
-    if pods_memory_limit is not None and all(ws is not None for ws in pods_ws):
-        used = sum(ws for ws in pods_ws if ws is not None)
+    pods_used = _pods_working_set(sample)
+    if pods_memory_limit is not None and pods_used is not None:
         found[ALLOCATABLE_MEMORY_AVAILABLE] = Observation(
-            max(0, pods_memory_limit - used), pods_memory_limit, t
+            max(0, pods_memory_limit - pods_used), pods_memory_limit, t
         )
     filesystems = (
         (node.root_fs, NODEFS_AVAILABLE, NODEFS_INODES_FREE),
@@ -300,6 +302,17 @@ def observe(sample: Sample, *, pods_memory_limit: int | None = None) -> dict[str
             max(0, node.max_pid - node.processes), node.max_pid, t
         )
     return found
+
+
+def _pods_working_set(sample: Sample) -> int | None:
+    """The pods' working set: the kubepods cgroup's, else the pods' own summed."""
+    pods = sample.node.reading.pods
+    if pods is not None and pods.memory_working_set_bytes is not None:
+        return pods.memory_working_set_bytes
+    each = [p.figures.memory_working_set_bytes for p in sample.pods]
+    if any(ws is None for ws in each):
+        return None
+    return sum(ws for ws in each if ws is not None)
 
 
 def dedicated_image_fs(sample: Sample) -> bool:

@@ -25,9 +25,11 @@ QOS_CGROUPS: Mapping[QOSClass, tuple[str, ...]] = {
     "BestEffort": (KUBEPODS, "besteffort"),
 }
 
-# The kernel's bounds for cpu.shares, and CFS bandwidth as the Go kubelet sets it.
+# The kernel's bounds for cpu.shares (v1) and cpu.weight (v2), and CFS bandwidth as the Go
+# kubelet sets it.
 MIN_SHARES = 2
 MAX_SHARES = 262144
+MAX_WEIGHT = 10000
 SHARES_PER_CPU = 1024
 CPU_PERIOD_US = 100_000
 MIN_QUOTA_US = 1000
@@ -92,19 +94,34 @@ def cpu_shares(cpu: Fraction) -> int:
     return min(MAX_SHARES, max(MIN_SHARES, shares))
 
 
+def cpu_weight(shares: int) -> int:
+    """cgroup v2 cpu.weight for cpu.shares, as the Go kubelet's getCPUWeight converts them.
+
+    Linear from [2, 262144] onto [1, 10000] (KEP-2254): 1024 shares (one CPU) is weight
+    39. The Go kubelet writes the weight of pod and QoS cgroups itself with this formula;
+    the newer curve through (1024, 100) in runc >= 1.3.2 and crun >= 1.23
+    (ConvertCPUSharesToCgroupV2Value) is the OCI runtime's, for the containers it makes.
+    """
+    if shares >= MAX_SHARES:
+        return MAX_WEIGHT
+    return 1 + (shares - MIN_SHARES) * (MAX_WEIGHT - 1) // (MAX_SHARES - MIN_SHARES)
+
+
 def cpu_quota(cpu: Fraction) -> int:
     """CFS quota per 100 ms period for a cpu limit, at least 1 ms (Go's MilliCPUToQuota)."""
     return max(MIN_QUOTA_US, _milli(cpu) * CPU_PERIOD_US // 1000)
 
 
 def pod_resource_config(pod: Pod, *, pids_limit: int = -1) -> CgroupConfig:
-    """The pod cgroup's limits (Go's ResourceConfigForPod, cgroup v1, CFS quota enforced).
+    """The pod cgroup's limits (Go's ResourceConfigForPod, CFS quota enforced).
 
     Shares follow the summed requests. A Burstable pod gets a CFS quota only when
     every container declares a cpu limit, and a memory limit only when every one
     declares a memory limit; a partial sum would throttle the others. BestEffort
     gets the minimum shares. Every pod gets ``pids_limit`` (podPidsLimit) when it
-    is positive.
+    is positive. On cgroup v2 the same values are written as cpu.weight
+    (`cpu_weight`), cpu.max, memory.max and pids.max; Go adds memory.min only under
+    the MemoryQoS feature gate (alpha, off by default), which this agent lacks.
     """
     requests = pod_requests(pod)
     limits, every_cpu, every_memory = _pod_limits(pod)

@@ -151,6 +151,7 @@ class NodeReading:
     """The node-level figures one tick read (the root cgroup, /proc, statvfs, CRI)."""
 
     figures: CgroupFigures
+    pods: CgroupFigures | None = None  # the cgroup all pods are in (kubepods), when read
     root_fs: FsFigures | None = None
     image_fs: FsFigures | None = None
     image_fs_usage: FsUsage | None = None  # bytes/inodes the images take (CRI ImageFsInfo)

@@ -1,11 +1,15 @@
-"""The QoS cgroup hierarchy on cgroup v1 (cgroupfs driver): kubepods, its tiers and pod cgroups.
+"""The QoS cgroup hierarchy (cgroupfs driver): kubepods, its tiers and pod cgroups, v1 or v2.
 
 What goes where and with which limits is decided in `core.pod_cgroups`; this
-shell makes the directories in each controller's hierarchy and writes the
-settings, in a worker thread so the event loop never waits on cgroupfs. The
-cpu, memory and cpuset settings go through cgroupspy nodes addressed directly
-(never a `Tree()` walk); hugetlb, which cgroupspy lacks, and the scans are
-plain file operations.
+shell makes the directories and writes the settings, in a worker thread so the
+event loop never waits on cgroupfs. The hierarchy is the one the node mounts
+(`resources.cgroupfs.detect_mode`). On cgroup v1 a cgroup is a directory in each
+controller's hierarchy; the cpu, memory and cpuset settings go through cgroupspy
+nodes addressed directly (never a `Tree()` walk), hugetlb, which cgroupspy lacks,
+and the scans are plain file operations. On cgroup v2 a cgroup is one directory,
+its ancestors enable the controllers for it (``cgroup.subtree_control``), and
+`resources.cgroupfs` writes cpu.weight, cpu.max, memory.max, pids.max and the
+hugetlb limits.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from trio_kubelet.core.pod_cgroups import (
     QOS_CGROUPS,
     CgroupConfig,
     cgroup_parent_for,
+    cpu_weight,
     pod_cgroup_name,
     pod_resource_config,
     pod_uid_of,
@@ -36,8 +41,10 @@ from trio_kubelet.core.pod_cgroups import (
 )
 from trio_kubelet.core.qos import QOSClass
 from trio_kubelet.model.pod import Pod
+from trio_kubelet.resources import cgroupfs
+from trio_kubelet.resources.cgroupfs import CGROUP_ROOT, CgroupMode
 
-__all__ = ["CREATED_IN", "REQUIRED", "CgroupError", "QOSCgroups"]
+__all__ = ["CREATED_IN", "REQUIRED", "REQUIRED_V2", "CgroupError", "QOSCgroups"]
 
 log = logging.getLogger("trio_kubelet.cgroups")
 
@@ -47,14 +54,15 @@ CREATED_IN = (
     "cpuset", "cpu", "cpuacct", "memory", "pids", "blkio", "hugetlb", "net_cls", "net_prio",
     "perf_event", "freezer", "rdma", "misc", "systemd",
 )
-# Without these the hierarchy cannot limit anything the pods' specs ask for.
+# Without these the hierarchy cannot limit anything the pods' specs ask for (v1 mounts,
+# v2 controllers: cpuacct's figures are cpu's there, and an empty cpuset takes its parent's).
 REQUIRED = ("cpu", "cpuacct", "cpuset", "memory")
+REQUIRED_V2 = ("cpu", "memory")
 
 _QOS_UPDATE_INTERVAL = 60.0  # Go's periodicQOSCgroupUpdateInterval
 # rmdir answers EBUSY while killed tasks are still exiting; runc's RemovePaths waits likewise.
 _RMDIR_DELAYS = (0.01, 0.02, 0.04, 0.08, 0.16)
-_HUGETLB_LIMIT = re.compile(r"^hugetlb\.(\d+)([KMGTP]B)\.limit_in_bytes$")
-_UNITS = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40, "PB": 1 << 50}
+_HUGETLB_LIMIT = re.compile(r"^hugetlb\.(\d+[KMGTP]B)\.limit_in_bytes$")
 
 
 class CgroupError(Exception):
@@ -70,7 +78,7 @@ def _acting_on(path: Path, action: str) -> Iterator[None]:
 
 
 class QOSCgroups:
-    """The cgroups a kubelet with cgroupsPerQOS=true manages, under ``root`` (the v1 mounts).
+    """The cgroups a kubelet with cgroupsPerQOS=true manages, under ``root`` (/sys/fs/cgroup).
 
     ``cgroup_root`` is the KubeletConfiguration field: the hierarchy lives in
     ``<cgroup_root>/kubepods``. ``kubepods`` is the setting for kubepods itself
@@ -81,13 +89,14 @@ class QOSCgroups:
 
     def __init__(
         self,
-        root: Path = Path("/sys/fs/cgroup"),
+        root: Path = CGROUP_ROOT,
         cgroup_root: str = "/",
         *,
         kubepods: CgroupConfig | None = None,
         pod_pids_limit: int = -1,
     ) -> None:
         self._root = root
+        self.mode = cgroupfs.detect_mode(root)
         self._pod_pids_limit = pod_pids_limit
         self._cgroup_root = cgroup_root
         self._root_parts = tuple(p for p in cgroup_root.split("/") if p)
@@ -102,7 +111,7 @@ class QOSCgroups:
         """Make kubepods and its Burstable and BestEffort tiers, set for the active ``pods``.
 
         Raises `CgroupError` when the cgroup root is missing (Go refuses to start
-        then too) or a required controller is not mounted.
+        then too) or a required controller is not mounted (v1) or available (v2).
         """
         tiers = qos_reserved_config(pods)
         async with self._tiers_lock:
@@ -165,6 +174,7 @@ class QOSCgroups:
         return (*self._root_parts, *name)
 
     def _path(self, controller: str, parts: Sequence[str]) -> Path:
+        """A cgroup's directory in one v1 hierarchy."""
         return self._root.joinpath(controller, *parts)
 
     def _node(self, controller: str, parts: Sequence[str]) -> Node:
@@ -177,8 +187,15 @@ class QOSCgroups:
     def _created_in(self) -> list[str]:
         return [c for c in CREATED_IN if (self._root / c).is_dir()]
 
+    def _exists(self, parts: Sequence[str]) -> bool:
+        if self.mode is CgroupMode.V2:
+            return self._root.joinpath(*parts).is_dir()
+        return all(self._path(c, parts).is_dir() for c in self._created_in())
+
     def _hierarchies(self) -> list[Path]:
         """Every mounted hierarchy, each once (``cpu`` and ``cpuacct`` are often one mount)."""
+        if self.mode is CgroupMode.V2:
+            return [self._root]
         seen: dict[str, Path] = {}
         with _acting_on(self._root, "list"):
             entries = sorted(self._root.iterdir())
@@ -188,6 +205,15 @@ class QOSCgroups:
         return list(seen.values())
 
     def _start(self, tiers: dict[QOSClass, CgroupConfig]) -> None:
+        if self.mode is CgroupMode.V2:
+            self._check_v2()
+        else:
+            self._check_v1()
+        self._create((KUBEPODS,), self._kubepods or CgroupConfig())
+        for qos, config in tiers.items():
+            self._create(QOS_CGROUPS[qos], config)
+
+    def _check_v1(self) -> None:
         for controller in REQUIRED:
             if not (self._root / controller).is_dir():
                 raise CgroupError(f"cgroup v1 controller {controller!r} is not mounted at "
@@ -195,21 +221,33 @@ class QOSCgroups:
             if not self._path(controller, self._root_parts).is_dir():
                 raise CgroupError(f"cgroup root {self._cgroup_root!r} does not exist in "
                                   f"{self._root / controller}")
-        self._create((KUBEPODS,), self._kubepods or CgroupConfig())
-        for qos, config in tiers.items():
-            self._create(QOS_CGROUPS[qos], config)
+
+    def _check_v2(self) -> None:
+        with _acting_on(self._root, "read the controllers of"):
+            available = cgroupfs.available_controllers(self._root)
+        for controller in REQUIRED_V2:
+            if controller not in available:
+                raise CgroupError(f"cgroup v2 controller {controller!r} is not available in "
+                                  f"{self._root / 'cgroup.controllers'}")
+        if not self._root.joinpath(*self._root_parts).is_dir():
+            raise CgroupError(f"cgroup root {self._cgroup_root!r} does not exist in {self._root}")
 
     def _apply_tiers(self, tiers: dict[QOSClass, CgroupConfig]) -> None:
         for qos, config in tiers.items():
             self._apply(QOS_CGROUPS[qos], config)
 
     def _ensure_pod(self, name: tuple[str, ...], config: CgroupConfig) -> None:
-        if all(self._path(c, self._parts(name)).is_dir() for c in self._created_in()):
+        if self._exists(self._parts(name)):
             return  # as Go's EnsureExists: an existing pod cgroup keeps its settings
         self._create(name, config)
 
     def _create(self, name: tuple[str, ...], config: CgroupConfig) -> None:
         parts = self._parts(name)
+        if self.mode is CgroupMode.V2:
+            with _acting_on(self._root.joinpath(*parts), "create"):
+                cgroupfs.make_cgroup(self._root, parts, REQUIRED_V2)
+            self._apply(name, config)
+            return
         for controller in self._created_in():
             path = self._path(controller, parts)
             with _acting_on(path, "create"):
@@ -236,6 +274,9 @@ class QOSCgroups:
             cpuset.mems = parent.mems
 
     def _apply(self, name: tuple[str, ...], config: CgroupConfig) -> None:
+        if self.mode is CgroupMode.V2:
+            self._apply_v2(self._root.joinpath(*self._parts(name)), config)
+            return
         parts = self._parts(name)
         cpu = self._node("cpu", parts).controller
         with _acting_on(self._path("cpu", parts), "set cpu limits of"):
@@ -256,6 +297,26 @@ class QOSCgroups:
         if config.hugepage_limits is not None and (self._root / "hugetlb").is_dir():
             self._apply_hugetlb(self._path("hugetlb", parts), config)
 
+    def _apply_v2(self, path: Path, config: CgroupConfig) -> None:
+        """cpu.weight (the shares converted as Go does), cpu.max, memory.max, pids.max, and
+        the hugetlb limits where those controllers are available."""
+        weight = None if config.cpu_shares is None else cpu_weight(config.cpu_shares)
+        with _acting_on(path, "set cpu limits of"):
+            cgroupfs.set_cpu(path, weight, config.cpu_quota, config.cpu_period)
+        if config.memory_limit is not None:
+            with _acting_on(path, "set the memory limit of"):
+                cgroupfs.write_control(path / "memory.max", str(config.memory_limit))
+        wants_pids = config.pids_limit is not None
+        if wants_pids or config.hugepage_limits is not None:
+            with _acting_on(self._root, "read the controllers of"):
+                available = cgroupfs.available_controllers(self._root)
+            if wants_pids and "pids" in available:
+                with _acting_on(path, "set the process limit of"):
+                    cgroupfs.write_control(path / "pids.max", str(config.pids_limit))
+            if config.hugepage_limits is not None and "hugetlb" in available:
+                with _acting_on(path, "set hugetlb limits of"):
+                    cgroupfs.set_hugetlb(path, config.hugepage_limits, config.hugepage_default)
+
     def _apply_hugetlb(self, path: Path, config: CgroupConfig) -> None:
         """Every page size the machine has (one limit file each) gets a limit."""
         limits = config.hugepage_limits or {}
@@ -263,8 +324,7 @@ class QOSCgroups:
             for entry in os.listdir(self._root / "hugetlb"):
                 match = _HUGETLB_LIMIT.match(entry)
                 if match is not None:
-                    size = int(match[1]) * _UNITS[match[2]]
-                    value = limits.get(size, config.hugepage_default)
+                    value = limits.get(cgroupfs.page_size(match[1]), config.hugepage_default)
                     (path / entry).write_text(str(value))
 
     def _qos_dirs(self, hierarchy: Path) -> Iterator[Path]:

@@ -2,11 +2,13 @@
 
 Two signals, because neither is enough alone:
 
-* an eventfd on each running container's ``memory.oom_control`` (registered
-  through ``cgroup.event_control``, cgroup v1) wakes us on an OOM in that
-  cgroup; we then read the cgroup's ``oom_kill`` counter. It cannot see a
-  container that was OOM-killed before we registered, nor read the counter
-  once the container exited: its memory cgroup disappears with it.
+* the container's memory cgroup wakes us on an OOM in it, and we then read its
+  ``oom_kill`` counter. On cgroup v1 through an eventfd on ``memory.oom_control``
+  (registered through ``cgroup.event_control``); on cgroup v2 through inotify: the
+  kernel raises ``IN_MODIFY`` on the cgroup's ``memory.events`` whenever one of its
+  counters moves, and ``oom_kill`` is one of them. It cannot see a container that
+  was OOM-killed before we registered, nor read the counter once the container
+  exited: its memory cgroup disappears with it.
 * ``/dev/kmsg`` carries every kill ("oom-kill:… task_memcg=/k8s.io/<id>…" then
   "Memory cgroup out of memory: Killed process …"), early ones included.
 
@@ -35,6 +37,13 @@ import trio
 from pydantic import BaseModel, ConfigDict
 
 from trio_kubelet.core.observed import ContainerState, RuntimePodStatus
+from trio_kubelet.resources.cgroupfs import (
+    CGROUP_ROOT,
+    CgroupMode,
+    Inotify,
+    detect_mode,
+    read_oom_kills,
+)
 from trio_kubelet.sources.sampler import (
     DEFAULT_CGROUP_PARENT,
     CgroupLocator,
@@ -166,6 +175,51 @@ def read_oom_kill_count(cgroup_dir: bytes) -> int | None:
     return 0  # kernels before 4.13 do not count; /dev/kmsg still does
 
 
+class _EventfdWake:
+    """cgroup v1: the eventfd registered on the container's memory.oom_control."""
+
+    def __init__(self, efd: int) -> None:
+        self._efd = efd
+
+    async def wait(self) -> None:
+        while True:
+            await trio.lowlevel.wait_readable(self._efd)
+            try:
+                os.eventfd_read(self._efd)
+                return
+            except BlockingIOError:
+                continue
+
+    def close(self) -> None:
+        os.close(self._efd)
+
+
+class _EventsFileWake:
+    """cgroup v2: ``IN_MODIFY`` of the container's memory.events, from the watcher's one
+    inotify instance (its reader calls `notify`)."""
+
+    def __init__(self, inotify: Inotify, wd: int, wakes: dict[int, _EventsFileWake]) -> None:
+        self._inotify = inotify
+        self._wd = wd
+        self._wakes = wakes
+        self._event = trio.Event()
+        wakes[wd] = self
+
+    def notify(self) -> None:
+        self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+        self._event = trio.Event()  # a change while the counter is re-read wakes us again
+
+    def close(self) -> None:
+        del self._wakes[self._wd]
+        self._inotify.rm_watch(self._wd)
+
+
+_Wake = _EventfdWake | _EventsFileWake
+
+
 @dataclass(frozen=True, slots=True)
 class _Identity:
     pod_uid: str
@@ -178,8 +232,9 @@ class OOMWatcher:
     """Watches for OOM kills in the kubelet's containers; `counts` per container id.
 
     The containers to watch are those of the last relist given to `update`
-    (the PLEG's ``on_relist``). ``register`` makes the eventfd (a parameter so
-    tests can count on a fake tree); ``kmsg`` None turns the kernel log off.
+    (the PLEG's ``on_relist``). ``cgroup_root`` is where the cgroups are mounted
+    (v1 or v2, as `resources.cgroupfs.detect_mode` finds it); ``kmsg`` None turns
+    the kernel log off.
     ``on_counts`` is called with the new counts after every change (the
     sampler's `set_oom_counts`).
     ``offload=False`` locates cgroups on the event loop instead of a worker
@@ -189,21 +244,22 @@ class OOMWatcher:
     def __init__(
         self,
         *,
-        cgroup_root: Path = Path("/sys/fs/cgroup"),
+        cgroup_root: Path = CGROUP_ROOT,
         kmsg: Path | None = Path("/dev/kmsg"),
         cgroup_parent: str = DEFAULT_CGROUP_PARENT,
         wall_clock: Callable[[], float] = time.time,
         on_counts: Callable[[Mapping[str, int]], None] | None = None,
-        register: Callable[[bytes], int] = register_oom_eventfd,
         offload: bool = True,
     ) -> None:
-        self._memory = os.fsencode(cgroup_root / "memory")
+        self._v2 = detect_mode(cgroup_root) is CgroupMode.V2
         self._locator = CgroupLocator(cgroup_root, cgroup_parent)
+        self._memory = self._locator.base
         self._kmsg_path = kmsg
         self._wall_clock = wall_clock
         self._on_counts = on_counts
-        self._register = register
         self._offload = offload
+        self._inotify: Inotify | None = None  # v2, while `run` runs
+        self._wakes: dict[int, _EventsFileWake] = {}  # by inotify watch descriptor
         self._known: dict[str, _Identity] = {}
         self._watches: dict[str, trio.CancelScope] = {}
         self._kernel: dict[str, int] = {}  # oom_kill counters read from the cgroups
@@ -243,13 +299,30 @@ class OOMWatcher:
         Before the first `update` nothing is armed; the kernel log's kills wait
         for the relist that names their container.
         """
-        async with send, trio.open_nursery() as nursery:
-            self._send = send
-            kmsg = self._open_kmsg()
-            if kmsg is not None:  # the task owns (and closes) the descriptor from here
-                nursery.start_soon(self._watch_kmsg, kmsg)
-            nursery.start_soon(self._apply_loop, nursery)
-            task_status.started()
+        self._inotify = self._open_inotify() if self._v2 else None
+        try:
+            async with send, trio.open_nursery() as nursery:
+                self._send = send
+                kmsg = self._open_kmsg()
+                if kmsg is not None:  # the task owns (and closes) the descriptor from here
+                    nursery.start_soon(self._watch_kmsg, kmsg)
+                if self._inotify is not None:
+                    nursery.start_soon(self._watch_inotify, self._inotify)
+                nursery.start_soon(self._apply_loop, nursery)
+                task_status.started()
+        finally:
+            if self._inotify is not None:
+                trio.lowlevel.notify_closing(self._inotify.fd)
+                self._inotify.close()
+                self._inotify = None
+
+    def _open_inotify(self) -> Inotify | None:
+        try:
+            return Inotify()
+        except OSError as err:  # EMFILE: the user's 128 instances are taken
+            log.warning("Cannot watch memory.events (%s): OOM kills are seen through %s only",
+                        err, self._kmsg_path)
+            return None
 
     # -- the container list
 
@@ -298,39 +371,48 @@ class OOMWatcher:
         if len(self._counts) != counted and self._on_counts is not None:
             self._on_counts(self.counts)
 
-    # -- eventfd per container
+    # -- a notification per container
+
+    def _arm(self, cgroup_dir: bytes) -> _Wake | None:
+        """What wakes us on an OOM in the cgroup (None: nothing can, on v2 without an inotify
+        instance); OSError (ENOENT) when the cgroup is gone."""
+        if not self._v2:
+            return _EventfdWake(register_oom_eventfd(cgroup_dir))
+        if self._inotify is None:
+            return None
+        wd = self._inotify.add_watch(cgroup_dir + b"/memory.events")
+        return _EventsFileWake(self._inotify, wd, self._wakes)
 
     def _start_watch(self, id: str, cgroup_dir: bytes, nursery: trio.Nursery) -> None:
-        """Register the container's eventfd now; a task then waits on it."""
+        """Arm the container's notification now; a task then waits on it."""
         try:
-            efd = self._register(cgroup_dir)
+            wake = self._arm(cgroup_dir)
         except OSError as err:
             if err.errno not in (errno.ENOENT, errno.ENODEV):  # else: it exited meanwhile
-                log.info("No OOM eventfd for container %s (kmsg still counts): %s", id, err)
+                log.info("No OOM notification for container %s (kmsg still counts): %s",
+                         id, err)
+            return
+        if wake is None:
             return
         scope = self._watches[id] = trio.CancelScope()
-        nursery.start_soon(self._watch_container, id, cgroup_dir, efd, scope)
+        nursery.start_soon(self._watch_container, id, cgroup_dir, wake, scope)
 
     async def _watch_container(
-        self, id: str, cgroup_dir: bytes, efd: int, scope: trio.CancelScope
+        self, id: str, cgroup_dir: bytes, wake: _Wake, scope: trio.CancelScope
     ) -> None:
         try:
             with scope:
-                await self._watch_eventfd(id, cgroup_dir, efd)
+                await self._watch_counter(id, cgroup_dir, wake)
         finally:
-            os.close(efd)
+            wake.close()
             if self._watches.get(id) is scope:
                 del self._watches[id]
 
-    async def _watch_eventfd(self, id: str, cgroup_dir: bytes, efd: int) -> None:
+    async def _watch_counter(self, id: str, cgroup_dir: bytes, wake: _Wake) -> None:
         if not await self._read_counter(id, cgroup_dir):
             return
         while True:
-            await trio.lowlevel.wait_readable(efd)
-            try:
-                os.eventfd_read(efd)
-            except BlockingIOError:
-                continue
+            await wake.wait()
             before = self._kernel.get(id, 0)
             for delay in (0.0, *_RECHECK_DELAYS):
                 await trio.sleep(delay)
@@ -340,13 +422,26 @@ class OOMWatcher:
                     break
 
     async def _read_counter(self, id: str, cgroup_dir: bytes) -> bool:
-        count = read_oom_kill_count(cgroup_dir)
+        count = read_oom_kills(cgroup_dir) if self._v2 else read_oom_kill_count(cgroup_dir)
         if count is None:
             return False
         if count > self._kernel.get(id, 0):
             self._kernel[id] = count
             await self._publish(id)
         return True
+
+    async def _watch_inotify(self, inotify: Inotify) -> None:
+        """Hand each memory.events change to its container's watch (all of them when the
+        kernel's queue overflowed and changes were lost)."""
+        while True:
+            await trio.lowlevel.wait_readable(inotify.fd)
+            for wd, mask in inotify.read():
+                if mask & Inotify.OVERFLOW:
+                    woken = list(self._wakes.values())
+                else:
+                    woken = [self._wakes[wd]] if wd in self._wakes else []
+                for wake in woken:
+                    wake.notify()
 
     # -- /dev/kmsg
 

@@ -1,8 +1,10 @@
 """The cAdvisor-style sampler: every housekeeping interval, read the cgroups, /proc and statvfs.
 
 Each tick lists the running containers and sandboxes once (CRI, labels → pod and
-container names), reads their cgroup v1 files directly (cpuacct, memory, pids),
-the root cgroup and /proc for the node, statvfs of the node and image
+container names), reads their cgroup files directly (`resources.cgroupfs`: cpuacct,
+memory and pids on cgroup v1, cpu.stat, memory.* and pids.current on v2), the
+root cgroup and /proc for the node, the kubepods cgroup for the pods as a whole,
+statvfs of the node and image
 filesystems, and the runtime's ListContainerStats for writable-layer usage (and
 for cpu/memory of a container whose cgroup it cannot find). The result is an
 immutable `Sample` kept in `Sampler.latest`: the HTTP servers render that, never
@@ -17,7 +19,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -37,7 +39,6 @@ from trio_kubelet.core.stats import (
     Sample,
     VolumeUsage,
     build_sample,
-    memory_limit,
     working_set,
 )
 from trio_kubelet.node.machine_info import (
@@ -46,6 +47,14 @@ from trio_kubelet.node.machine_info import (
     parse_meminfo,
     read_machine_ids,
     read_meminfo,
+)
+from trio_kubelet.resources.cgroupfs import (
+    CGROUP_ROOT,
+    CgroupMode,
+    CgroupRoots,
+    read_bytes,
+    read_cgroup,
+    read_int,
 )
 from trio_kubelet.runtime import labels as L
 from trio_kubelet.runtime.cri.runtime import v1
@@ -59,7 +68,6 @@ __all__ = [
     "StatsRuntime",
     "container_id_of",
     "node_stats_event",
-    "read_cgroup",
     "read_machine_info",
 ]
 
@@ -138,86 +146,7 @@ def node_stats_event(sample: Sample) -> NodeStatsSampled:
     )
 
 
-# -- reading files (the hot path: plain os.open/os.read, no text layer) ----------------------
-
-
-def _read(path: bytes, size: int = 64) -> bytes | None:
-    """A cgroup or /proc file's contents; None when it is gone (or the cgroup is going)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, size)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def _read_int(path: bytes) -> int | None:
-    data = _read(path)
-    if not data:
-        return None
-    try:
-        return int(data)
-    except ValueError:
-        return None
-
-
-_MEMORY_STAT_KEYS = frozenset(
-    {b"total_rss", b"total_cache", b"total_inactive_file", b"total_pgfault", b"total_pgmajfault"}
-)
-
-
-def parse_memory_stat(data: bytes) -> dict[bytes, int]:
-    """The hierarchical (``total_*``) figures of a cgroup v1 memory.stat."""
-    figures: dict[bytes, int] = {}
-    for line in data.split(b"\n"):
-        key, _, value = line.partition(b" ")
-        if key in _MEMORY_STAT_KEYS:
-            figures[key] = int(value)
-    return figures
-
-
-@dataclass(frozen=True, slots=True)
-class CgroupRoots:
-    """The mount points of the controllers the sampler reads."""
-
-    cpuacct: bytes
-    memory: bytes
-    pids: bytes
-
-    @classmethod
-    def under(cls, root: Path) -> CgroupRoots:
-        return cls(*(os.fsencode(root / name) for name in ("cpuacct", "memory", "pids")))
-
-
-def read_cgroup(roots: CgroupRoots, cgroup: bytes) -> CgroupFigures | None:
-    """One cgroup's figures (``cgroup`` b"" is the root), or None when it does not exist."""
-    memory = roots.memory + cgroup
-    usage = _read_int(memory + b"/memory.usage_in_bytes")
-    cpu = _read_int(roots.cpuacct + cgroup + b"/cpuacct.usage")
-    if usage is None and cpu is None:
-        return None
-    stat: dict[bytes, int] = {}
-    if usage is not None:
-        data = _read(memory + b"/memory.stat", 8192)
-        stat = parse_memory_stat(data) if data else {}
-    return CgroupFigures(
-        cpu_usage_ns=cpu,
-        memory_usage_bytes=usage,
-        memory_working_set_bytes=(
-            None if usage is None else working_set(usage, stat.get(b"total_inactive_file"))
-        ),
-        memory_rss_bytes=stat.get(b"total_rss"),
-        memory_cache_bytes=stat.get(b"total_cache"),
-        memory_limit_bytes=memory_limit(_read_int(memory + b"/memory.limit_in_bytes")),
-        memory_failcnt=_read_int(memory + b"/memory.failcnt"),
-        page_faults=stat.get(b"total_pgfault"),
-        major_page_faults=stat.get(b"total_pgmajfault"),
-        threads=_read_int(roots.pids + cgroup + b"/pids.current"),
-    )
+# -- /proc and statvfs ----------------------------------------------------------------------
 
 
 def parse_proc_stat(data: bytes, clock_ticks: int) -> tuple[int | None, float]:
@@ -297,9 +226,9 @@ def read_machine_info(proc_root: Path = Path("/proc"), image_fs: Path | None = N
     memory and ids, plus the boot time and the image filesystem's device."""
     meminfo = read_meminfo(proc_root / "meminfo")
     _, boot_time = parse_proc_stat(
-        _read(os.fsencode(proc_root / "stat"), 1 << 20) or b"", os.sysconf("SC_CLK_TCK")
+        read_bytes(os.fsencode(proc_root / "stat"), 1 << 20) or b"", os.sysconf("SC_CLK_TCK")
     )
-    mountinfo = _read(os.fsencode(proc_root / "self" / "mountinfo"), 1 << 20) or b""
+    mountinfo = read_bytes(os.fsencode(proc_root / "self" / "mountinfo"), 1 << 20) or b""
     ids = read_machine_ids(Path("/"), proc_root)
     return MachineInfo(
         num_cores=num_cores(cpuinfo_processors(proc_root)),
@@ -333,8 +262,10 @@ class CgroupLocator:
     containerd puts a container with an empty ``cgroup_parent`` at
     ``/k8s.io/<id>``, and one in a pod cgroup (cgroupsPerQOS, cgroupfs driver) at
     ``/kubepods[/<tier>]/pod<uid>/<id>``: both are a few stat calls, tried each tick
-    until found. Anything else (the systemd driver's ``…/cri-containerd-<id>.scope``)
-    is found by one cgroupspy walk of the memory hierarchy, at most every
+    until found. The paths are the same on cgroup v1 (below each controller's mount;
+    the memory one is looked at) and v2 (below the one root). Anything else (the
+    systemd driver's ``…/cri-containerd-<id>.scope``) is found by one walk of the
+    memory hierarchy (cgroupspy's on v1, the whole tree on v2), at most every
     ``rediscover_after`` seconds per id, since a walk costs tens of milliseconds.
     """
 
@@ -346,7 +277,8 @@ class CgroupLocator:
         rediscover_after: float = 60.0,
     ) -> None:
         self._root = cgroup_root
-        self._memory = os.fsencode(cgroup_root / "memory")
+        self._roots = CgroupRoots.under(cgroup_root)
+        self._memory = self._roots.memory
         self._parent = parent.rstrip("/")
         self._rediscover_after = rediscover_after
         self._known: dict[str, str] = {}
@@ -380,7 +312,14 @@ class CgroupLocator:
                        for tier in QOS_CGROUPS.values()]
         return places
 
+    @property
+    def base(self) -> bytes:
+        """Where the located paths start: the memory hierarchy's mount (v1) or the root (v2)."""
+        return self._memory
+
     def _discover(self, ids: set[str]) -> dict[str, str]:
+        if self._roots.mode is CgroupMode.V2:
+            return self._discover_v2(ids)
         found: dict[str, str] = {}
         try:
             tree = Tree(root_path=os.fsencode(self._root), groups=[b"memory"])
@@ -393,6 +332,20 @@ class CgroupLocator:
         except OSError as err:
             log.debug("cgroup discovery failed: %s", err)
         return found
+
+    def _discover_v2(self, ids: set[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        top = self._memory
+        for directory, subdirectories, _ in os.walk(top, onerror=_walk_failed):
+            for name in subdirectories:
+                id = container_id_of(name.decode(errors="replace"))
+                if id in ids:
+                    found[id] = os.fsdecode(directory[len(top):] + b"/" + name)
+        return found
+
+
+def _walk_failed(err: OSError) -> None:
+    log.debug("cgroup discovery: %s", err)  # a cgroup removed during the walk, typically
 
 
 # -- the sampler ---------------------------------------------------------------------------------
@@ -474,7 +427,9 @@ class Sampler:
     tree; ``root_fs`` is the node filesystem (the kubelet's root dir),
     ``image_fs`` the runtime's (containerd's root dir; None: the mount point the
     runtime reports in ImageFsInfo), ``pod_logs_dir`` where
-    container logs go, ``volumes`` the latest pod volume figures (``volume_stats``).
+    container logs go, ``volumes`` the latest pod volume figures (``volume_stats``),
+    ``pods_cgroup`` the cgroup all pods are in (``/kubepods`` below the cgroup root,
+    with cgroupsPerQOS; None: none), read as the Go kubelet's "pods" system container.
     File reads happen in a worker thread so a tick never
     stalls the servers or the reconciler (``offload=False`` reads inline).
     """
@@ -482,7 +437,7 @@ class Sampler:
     def __init__(
         self,
         *,
-        cgroup_root: Path = Path("/sys/fs/cgroup"),
+        cgroup_root: Path = CGROUP_ROOT,
         proc_root: Path = Path("/proc"),
         root_fs: Path = Path("/"),
         image_fs: Path | None = None,
@@ -493,8 +448,10 @@ class Sampler:
         offload: bool = True,
         call_timeout: float = 10.0,
         volumes: Callable[[], Mapping[str, tuple[VolumeUsage, ...]]] | None = None,
+        pods_cgroup: str | None = None,
     ) -> None:
         self._roots = CgroupRoots.under(cgroup_root)
+        self._pods_cgroup = None if pods_cgroup is None else pods_cgroup.rstrip("/").encode()
         self._volumes = volumes
         self._proc = os.fsencode(proc_root)
         self._proc_root = proc_root
@@ -663,15 +620,17 @@ class Sampler:
     def _read_node(self, image_usage: FsUsage | None) -> NodeReading:
         figures = read_cgroup(self._roots, b"") or CgroupFigures()
         if figures.cpu_usage_ns is None:
-            cpu_ns, _ = parse_proc_stat(_read(self._proc + b"/stat", 1 << 16) or b"",
+            cpu_ns, _ = parse_proc_stat(read_bytes(self._proc + b"/stat", 1 << 16) or b"",
                                         self._clock_ticks)
             figures = replace(figures, cpu_usage_ns=cpu_ns)
         if figures.memory_usage_bytes is None:
-            figures = _meminfo_figures(figures, _read(self._proc + b"/meminfo", 1 << 16))
-        max_pid = _read_int(self._proc + b"/sys/kernel/pid_max")
-        loadavg = _read(self._proc + b"/loadavg")
+            figures = _meminfo_figures(figures, read_bytes(self._proc + b"/meminfo", 1 << 16))
+        max_pid = read_int(self._proc + b"/sys/kernel/pid_max")
+        loadavg = read_bytes(self._proc + b"/loadavg")
+        pods = None if self._pods_cgroup is None else read_cgroup(self._roots, self._pods_cgroup)
         return NodeReading(
             figures=figures,
+            pods=pods,
             root_fs=statvfs(self._root_fs),
             image_fs=statvfs(self._image_fs) if self._image_fs is not None else None,
             image_fs_usage=image_usage,
