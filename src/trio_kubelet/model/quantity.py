@@ -8,6 +8,7 @@ exponent (e3, E-2). Values are returned as :class:`fractions.Fraction` so that
 
 from __future__ import annotations
 
+import math
 import re
 from fractions import Fraction
 from functools import lru_cache
@@ -24,6 +25,11 @@ _QUANTITY = re.compile(
 )
 
 
+# Bounds on what a quantity may spell, so that parsing one stays cheap whatever it says.
+MAX_QUANTITY_CHARS = 128
+MAX_EXPONENT = 128
+
+
 class QuantityError(ValueError):
     """A string that is not a Kubernetes quantity."""
 
@@ -38,16 +44,22 @@ def parse_quantity(value: str | int | float) -> Fraction:
     if isinstance(value, int):
         return Fraction(value)
     if isinstance(value, float):
+        if not math.isfinite(value):
+            raise QuantityError(f"quantity {value!r} must be a finite number")
         # Through repr(): YAML's 0.1 should mean one tenth, not the nearest binary double.
         return Fraction(repr(value))
-    match = _QUANTITY.match(value.strip())
+    match = _QUANTITY.match(value.strip()) if len(value) <= MAX_QUANTITY_CHARS else None
     if match is None:
         raise QuantityError(f"quantity {value!r} must match '<number><suffix>', e.g. 100m, 128Mi")
     number = Fraction(match["number"])
     if match["binary"]:
         return number * Fraction(1024) ** _BINARY[match["binary"]]
     if match["exponent"] is not None:
-        return number * Fraction(10) ** int(match["exponent"])
+        exponent = int(match["exponent"])
+        if abs(exponent) > MAX_EXPONENT:  # 1e1000000000 would take forever to compute
+            raise QuantityError(f"quantity {value!r} is out of range (exponent beyond "
+                                f"±{MAX_EXPONENT})")
+        return number * Fraction(10) ** exponent
     return number * Fraction(10) ** _DECIMAL[match["decimal"] or ""]
 
 

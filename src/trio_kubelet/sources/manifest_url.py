@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from urllib.parse import urlsplit
 
 import httpx
@@ -42,18 +43,21 @@ import trio
 
 from trio_kubelet.events import Event, ManifestProblem, PodSetUpdate
 from trio_kubelet.model.pod import Pod
+from trio_kubelet.sources.manifest_decode import MAX_MANIFEST_BYTES
 from trio_kubelet.sources.static_files import (
+    INLINE_PARSE_BYTES,
     Log,
     ParsedManifest,
     StaticPodReporter,
     parse_manifest,
+    parse_off_loop,
 )
 
 logger = logging.getLogger(__name__)
 
 SOURCE = "http"
 REQUEST_TIMEOUT = 10.0  # seconds; Go's http.Client timeout for this source
-MAX_BODY_BYTES = 10 * 1024 * 1024  # Go's maxConfigLength
+MAX_BODY_BYTES = MAX_MANIFEST_BYTES  # Go's maxConfigLength
 
 _TIMEOUTS: Mapping[type[httpx.TimeoutException], str] = {
     httpx.ConnectTimeout: "connecting",
@@ -125,13 +129,23 @@ class _StaticPodURL:
         self.good: tuple[Pod, ...] = ()
         self.reported = False  # a good answer has been seen (and so sent)
         self.reporter = StaticPodReporter(SOURCE, "static pod URL", log, wall_clock)
+        self.parser = trio.CapacityLimiter(1)
 
-    def answered(self, body: bytes) -> PodSetUpdate | None:
-        """The update for a 200 answer, or None when nothing changed since the last one."""
+    async def answered(self, body: bytes) -> PodSetUpdate | None:
+        """The update for a 200 answer, or None when nothing changed since the last one.
+
+        A body bigger than ``INLINE_PARSE_BYTES`` is parsed in a worker thread, as a
+        big manifest file is.
+        """
         if body != self.body:
             self.body = body
-            self.parsed = parse_manifest(
-                body, self.url, self.node_name, source=SOURCE, container="response body"
+            parse = partial(
+                parse_manifest,
+                body, self.url, self.node_name, source=SOURCE, container="response body",
+            )
+            self.parsed = (
+                parse() if len(body) <= INLINE_PARSE_BYTES
+                else await parse_off_loop(parse, self.parser)
             )
             if not self.parsed.problems:
                 self.good = self.parsed.pods
@@ -182,7 +196,7 @@ async def run_manifest_url(
             except _FetchFailed as exc:
                 update = source.failed(str(exc))
             else:
-                update = source.answered(body)
+                update = await source.answered(body)
             # Until a first good answer the source has not reported: a restarted agent
             # must not tear down the pods it is adopting because the URL is unreachable.
             if update is not None and source.reported:

@@ -32,9 +32,12 @@ Deliberate differences from the Go kubelet:
   already runs the pod keeps it, otherwise the first in name order wins, and the
   other definition is reported naming both files.
 
-Manifests are small local files, so the scan runs inline in the trio thread rather
-than in a worker thread: that keeps the source deterministic under
-``trio.testing.MockClock`` and costs nothing measurable.
+Whoever can write a file into the manifest directory must not be able to stop, hang or
+slow the agent: a file is read up to ``MAX_MANIFEST_BYTES``, decoded within the limits of
+``manifest_decode`` (documents, size, nesting, values, aliases, time), and each pod is
+validated as the API server would (``model/validation.py``). Every refusal is a problem
+of that file, logged once; the file keeps its last good pods. Files bigger than
+``INLINE_PARSE_BYTES`` are parsed in a worker thread (see ``run_static_files``).
 
 The rules for one manifest (``parse_manifest``, ``static_pod``, ``static_pod_uid``) and
 the bookkeeping of what a static source sent (``StaticPodReporter``) are shared with
@@ -54,16 +57,24 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
-import yaml
 from pydantic import ValidationError
 
-from trio_kubelet.config import describe_validation_error, describe_yaml_error
+from trio_kubelet.config import describe_validation_error
 from trio_kubelet.events import Event, ManifestProblem, PodSetUpdate
 from trio_kubelet.model.pod import Pod
+from trio_kubelet.model.validation import describe_field_errors, validate_pod
+from trio_kubelet.sources.manifest_decode import (
+    MAX_MANIFEST_BYTES,
+    PARSE_BUDGET_SECONDS,
+    InvalidSyntax,
+    ManifestTooComplex,
+    decode_documents,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -77,16 +88,9 @@ _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )
-
-
-class _ManifestLoader(yaml.CSafeLoader):  # libyaml (in PyYAML's wheels): ~8x the pure parser
-    """Safe YAML without implicit timestamps: ``2024-01-01`` stays a string, as in a Pod."""
-
-
-_ManifestLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
+# A manifest up to this size is read and parsed in the trio thread (a few milliseconds at
+# most); a bigger one in a worker thread. See ``run_static_files`` for why not always there.
+INLINE_PARSE_BYTES = 8 * 1024
 
 
 class _Rejected(Exception):
@@ -220,9 +224,13 @@ def static_pod(
         spec["tolerations"] = _with_no_execute_toleration(spec.get("tolerations"))
     pod["status"] = {}  # a manifest cannot claim a status; the pod starts Pending
     try:
-        return Pod.model_validate(pod)
+        valid = Pod.model_validate(pod)
     except ValidationError as exc:
         raise _Rejected(describe_validation_error(exc)) from None
+    errors = validate_pod(valid)  # as the API server would (Go's file source does the same)
+    if errors:
+        raise _Rejected(describe_field_errors(errors))
+    return valid
 
 
 def _check_type(document: Mapping[str, Any], kinds: Sequence[str], where: str = "") -> str:
@@ -271,23 +279,15 @@ def _pods_in_document(
     return pods
 
 
-def _documents(text: str, suffix: str) -> list[Any]:
+def _documents(text: str, suffix: str, deadline: float) -> list[Any]:
     """The documents of a manifest: JSON (one object) or YAML (any number, ``---``)."""
-    json_error: json.JSONDecodeError | None = None
-    if suffix == ".json" or text.lstrip().startswith("{"):
-        try:
-            return [json.loads(text)]
-        except json.JSONDecodeError as exc:
-            json_error = exc  # a YAML flow mapping also starts with "{": try YAML next
+    json_first = suffix == ".json" or text.lstrip().startswith("{")
     try:
-        return list(yaml.load_all(text, Loader=_ManifestLoader))
-    except yaml.YAMLError as exc:
-        if json_error is not None:
-            raise _Rejected(
-                f"invalid JSON at line {json_error.lineno}, column {json_error.colno}: "
-                f"{json_error.msg}"
-            ) from None
-        raise _Rejected(describe_yaml_error(exc)) from None
+        return decode_documents(text, json_first=json_first, deadline=deadline)
+    except (InvalidSyntax, ManifestTooComplex) as exc:
+        raise _Rejected(str(exc)) from None
+    except (ValueError, TypeError) as exc:  # e.g. an integer of more than 4300 digits
+        raise _Rejected(f"cannot decode: {exc}") from None
 
 
 def _rejected(location: str, reason: str) -> ParsedManifest:
@@ -295,11 +295,24 @@ def _rejected(location: str, reason: str) -> ParsedManifest:
 
 
 def read_manifest_file(file: Path, node_name: str) -> ParsedManifest:
-    """The static pods of one manifest file, or every problem found in it."""
+    """The static pods of one manifest file, or every problem found in it.
+
+    At most ``MAX_MANIFEST_BYTES`` are read; the file is opened without blocking, so a
+    FIFO swapped in since it was listed cannot hang the reader.
+    """
     try:
-        raw = file.read_bytes()
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         return _rejected(str(file), f"cannot read file: {exc.strerror or exc}")
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return _rejected(str(file), "not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as stream:
+            raw = stream.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as exc:
+        return _rejected(str(file), f"cannot read file: {exc.strerror or exc}")
+    finally:
+        os.close(fd)
     return parse_manifest(raw, str(file), node_name, suffix=file.suffix)
 
 
@@ -316,14 +329,29 @@ def parse_manifest(
 
     ``location`` (file path or URL) names the problems and goes into the UIDs with
     ``source``; ``suffix`` (".json") says to try JSON first; ``container`` is what the
-    bytes came in, for the message about an empty one.
+    bytes came in, for the message about an empty one. Whatever the bytes hold, this
+    returns (a bug it trips over becomes a problem of this manifest, logged once with
+    its traceback), within about ``PARSE_BUDGET_SECONDS``.
     """
+    try:
+        return _parse_manifest(raw, location, node_name, source, suffix, container)
+    except Exception as exc:  # contained here: one manifest must never stop the source
+        logger.exception("reading static pod manifest %s failed", location)
+        return _rejected(location, f"cannot be read: {type(exc).__name__}: {exc}")
+
+
+def _parse_manifest(
+    raw: bytes, location: str, node_name: str, source: str, suffix: str, container: str
+) -> ParsedManifest:
+    deadline = time.monotonic() + PARSE_BUDGET_SECONDS
+    if len(raw) > MAX_MANIFEST_BYTES:
+        return _rejected(location, f"{container} is larger than {MAX_MANIFEST_BYTES} bytes")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         return _rejected(location, f"not UTF-8 text (invalid byte at offset {exc.start})")
     try:
-        documents = _documents(text, suffix)
+        documents = _documents(text, suffix, deadline)
     except _Rejected as exc:
         return _rejected(location, str(exc))
     if all(document is None for document in documents):
@@ -336,6 +364,9 @@ def parse_manifest(
         if document is None:
             continue
         prefix = f"document {number}" if several else ""
+        if time.monotonic() > deadline:
+            reason = f"reading took longer than {PARSE_BUDGET_SECONDS:g} s"
+            return _rejected(location, f"{prefix}: {reason}" if prefix else reason)
         try:
             pods = _pods_in_document(document, location, node_name, source)
         except _Rejected as exc:
@@ -460,19 +491,51 @@ def _settle_conflicts(
     return pods, owners, [problem for _, problem in sorted(rejected, key=lambda r: r[0])]
 
 
-def load_manifests(
-    path: Path, node_name: str, *, previous: ManifestScan | None = None
-) -> ManifestScan:
-    """Read every static pod manifest under ``path`` (a directory or one file).
+StatKey = tuple[int, int, int]  # inode, mtime, size: a file with the same key is not read again
 
-    Pass the previous scan to keep the last good pods of files that have become
-    malformed and to keep each pod with the file that already runs it.
+
+@dataclass(frozen=True)
+class _Listing:
+    """One look at a manifest path: which files there are, and which of them to read.
+
+    ``cached`` holds, for files unchanged since the previous scan, what reading them gave
+    then; ``to_read`` the others, with their stat key (None when even stat failed).
     """
-    path = path.absolute()
-    node_name = node_name.lower()
-    previous = previous or ManifestScan()
+
+    files: tuple[Path, ...] | None  # None: the listing failed, nothing is known
+    problems: tuple[ManifestProblem, ...]
+    exists: bool
+    cached: Mapping[str, tuple[StatKey, ParsedManifest]]
+    to_read: tuple[tuple[Path, StatKey | None], ...]
+
+
+def _list_manifests(path: Path, previous: ManifestScan) -> _Listing:
     files, problems, exists = _manifest_files(path)
-    if files is None:  # the listing failed: nothing is known, keep everything as it was
+    cached: dict[str, tuple[StatKey, ParsedManifest]] = {}
+    to_read: list[tuple[Path, StatKey | None]] = []
+    for file in files or ():
+        try:
+            st = file.stat()
+        except OSError:
+            to_read.append((file, None))  # reading it reports the problem precisely
+            continue
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        before = previous.read.get(str(file))
+        if before is not None and before[0] == key:
+            cached[str(file)] = before
+        else:
+            to_read.append((file, key))
+    return _Listing(
+        None if files is None else tuple(files), tuple(problems), exists, cached, tuple(to_read)
+    )
+
+
+def _assemble(
+    listing: _Listing, results: Mapping[str, ParsedManifest], previous: ManifestScan
+) -> ManifestScan:
+    """The scan from a listing and what reading its changed files gave (``results``)."""
+    problems = list(listing.problems)
+    if listing.files is None:  # the listing failed: keep everything as it was
         return ManifestScan(
             pods=previous.pods,
             problems=tuple(problems),
@@ -480,17 +543,21 @@ def load_manifests(
             owners=previous.owners,
             stale=frozenset(previous.good),
         )
+    keys = {str(file): key for file, key in listing.to_read}
     good: dict[str, tuple[Pod, ...]] = {}
     stale: set[str] = set()
-    read: dict[str, tuple[tuple[int, int, int], ParsedManifest]] = {}
-    for file in files:
-        result = _read_if_changed(file, node_name, previous, read)
+    read: dict[str, tuple[StatKey, ParsedManifest]] = dict(listing.cached)
+    for file in map(str, listing.files):
+        result = listing.cached[file][1] if file in listing.cached else results[file]
+        key = keys.get(file)
+        if key is not None:
+            read[file] = (key, result)
         problems.extend(result.problems)
         if not result.problems:
-            good[str(file)] = result.pods
-        elif str(file) in previous.good:
-            good[str(file)] = previous.good[str(file)]
-            stale.add(str(file))
+            good[file] = result.pods
+        elif file in previous.good:
+            good[file] = previous.good[file]
+            stale.add(file)
     pods, owners, conflicts = _settle_conflicts(good, previous.owners)
     return ManifestScan(
         pods=pods,
@@ -498,30 +565,25 @@ def load_manifests(
         good=good,
         owners=owners,
         stale=frozenset(stale),
-        path_exists=exists,
+        path_exists=listing.exists,
         read=read,
     )
 
 
-def _read_if_changed(
-    file: Path,
-    node_name: str,
-    previous: ManifestScan,
-    read: dict[str, tuple[tuple[int, int, int], ParsedManifest]],
-) -> ParsedManifest:
-    """The file's manifests, reusing the previous scan's result when the file is unchanged."""
-    try:
-        st = file.stat()
-    except OSError:
-        return read_manifest_file(file, node_name)  # reports the problem precisely
-    key = (st.st_ino, st.st_mtime_ns, st.st_size)
-    cached = previous.read.get(str(file))
-    if cached is not None and cached[0] == key:
-        result = cached[1]
-    else:
-        result = read_manifest_file(file, node_name)
-    read[str(file)] = (key, result)
-    return result
+def load_manifests(
+    path: Path, node_name: str, *, previous: ManifestScan | None = None
+) -> ManifestScan:
+    """Read every static pod manifest under ``path`` (a directory or one file).
+
+    Pass the previous scan to keep the last good pods of files that have become
+    malformed, to keep each pod with the file that already runs it, and to skip
+    reading files that have not changed. Everything is read in the calling thread.
+    """
+    previous = previous or ManifestScan()
+    listing = _list_manifests(path.absolute(), previous)
+    node = node_name.lower()
+    results = {str(file): read_manifest_file(file, node) for file, _ in listing.to_read}
+    return _assemble(listing, results, previous)
 
 
 # --- the source task ------------------------------------------------------------------------
@@ -632,22 +694,42 @@ class _StaticPodFiles:
     def __init__(
         self, path: Path, node_name: str, log: Log, wall_clock: Callable[[], float]
     ) -> None:
-        self.path = path
+        self.path = path.absolute()
         self.node_name = node_name
         self.log = log
         self.scan = ManifestScan()
         self.missing_reported = False
         self.reporter = StaticPodReporter(SOURCE, "static pod manifest", log, wall_clock)
+        self.parser = trio.CapacityLimiter(1)  # one worker thread at a time for big files
 
-    def rescan(self) -> PodSetUpdate | None:
+    async def rescan(self) -> PodSetUpdate | None:
         """Scan the path; the update to send, or None when nothing changed since the last one."""
-        self.scan = load_manifests(self.path, self.node_name, previous=self.scan)
+        listing = _list_manifests(self.path, self.scan)
+        results = {str(file): await self._read(file, key) for file, key in listing.to_read}
+        self.scan = _assemble(listing, results, self.scan)
         if not self.scan.path_exists and not self.missing_reported:
             self.log.info("static pod path %s does not exist yet; waiting for it", self.path)
         elif self.scan.path_exists and self.missing_reported:
             self.log.info("static pod path %s appeared", self.path)
         self.missing_reported = not self.scan.path_exists
         return self.reporter.update(self.scan.pods, self.scan.problems, self.scan.stale)
+
+    async def _read(self, file: Path, key: StatKey | None) -> ParsedManifest:
+        if key is not None and key[2] > INLINE_PARSE_BYTES:
+            return await parse_off_loop(
+                partial(read_manifest_file, file, self.node_name), self.parser
+            )
+        result = read_manifest_file(file, self.node_name)
+        await trio.lowlevel.checkpoint()  # many small files: let others in between
+        return result
+
+
+async def parse_off_loop(
+    read: Callable[[], ParsedManifest], limiter: trio.CapacityLimiter
+) -> ParsedManifest:
+    """``read()`` in a worker thread; cancelling the wait abandons the thread, which ends
+    on its own within the parse budget."""
+    return await trio.to_thread.run_sync(read, abandon_on_cancel=True, limiter=limiter)
 
 
 async def run_static_files(
@@ -669,11 +751,23 @@ async def run_static_files(
     every ``check_frequency`` it is rescanned regardless (``fileCheckFrequency``).
     ``wall_clock`` (epoch seconds, e.g. ``TrioWallClock().now``) only stamps
     ``kubernetes.io/config.seen``; all waiting uses trio's clock.
+
+    Where parsing happens: a file of at most ``INLINE_PARSE_BYTES`` (8 KiB, a typical
+    static pod is 1-4 KiB) is parsed right here, in the trio thread, at a few milliseconds
+    at most, with a checkpoint after each file; a bigger one in a worker thread
+    (``trio.to_thread``), one at a time, so the event loop keeps answering (healthz) while
+    it is decoded and validated. Not every file goes to a thread because a thread is
+    invisible to ``trio.testing.MockClock``: while the source waits for one, an autojump
+    clock sees every task blocked and jumps ahead, firing the tests' timeouts early, and a
+    replay would no longer be deterministic. Small files inline keep the virtual-clock
+    tests exact; the time budget of a big file is enforced inside the parse
+    (``PARSE_BUDGET_SECONDS``, ``time.monotonic``), not with a trio deadline, for the same
+    reason.
     """
     files = _StaticPodFiles(path, node_name.lower(), log, wall_clock)
     log.info("watching static pod path %s", path)
     fingerprint = _fingerprint(path)
-    update = files.rescan()
+    update = await files.rescan()
     assert update is not None  # the first scan is always sent: it marks the source as seen
     await send.send(update)
     task_status.started()
@@ -684,6 +778,6 @@ async def run_static_files(
         if current == fingerprint and trio.current_time() - last_scan < check_frequency:
             continue
         fingerprint, last_scan = current, trio.current_time()
-        update = files.rescan()
+        update = await files.rescan()
         if update is not None:
             await send.send(update)

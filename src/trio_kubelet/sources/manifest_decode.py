@@ -1,0 +1,260 @@
+"""Manifest text to documents (JSON or YAML), bounded in documents, size, nesting, values, time.
+
+A manifest comes from whoever can write a file into the manifest directory or answer the
+manifest URL, so decoding one must cost a bounded amount whatever it holds. Before anything
+is built, one pass over the YAML parser's events (or, for JSON, over the text's tokens)
+checks the shape of the whole manifest:
+
+- documents: at most ``MAX_DOCUMENTS`` (``---`` separated, empty ones included);
+- a document's size: at most ``MAX_DOCUMENT_CHARS`` characters (3 Mi, the API server's
+  request limit: no bigger pod could be created there);
+- nesting: at most ``MAX_DEPTH`` levels of mappings and lists (a Pod needs about a dozen);
+- values: at most ``MAX_VALUES`` in the manifest, every mapping, list, key and scalar
+  counted, and an alias counted as everything it repeats: an alias bomb ("billion laughs")
+  is refused before a single copy is made, and the nesting an alias brings counts too;
+- time: the pass gives up at ``deadline`` (``time.monotonic()``), if one is given.
+
+Only then is the text decoded (libyaml, or the json module), with depth and size known to
+be small: no RecursionError from ``json.loads``, no segfault in libyaml's recursive composer
+(it overflows the C stack some 20,000 levels down), no expansion of aliases beyond the
+budget. The pass itself is iterative and yields to the interpreter between events, so a
+worker thread running it never holds the GIL for long.
+
+A refusal (``ManifestTooComplex``) names the field where the limit was crossed, e.g.
+``spec.containers[4].args: nested deeper than 100 levels``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from trio_kubelet.config import describe_yaml_error
+
+MAX_MANIFEST_BYTES = 10 * 1024 * 1024  # Go's maxConfigLength, for a file and a URL's body alike
+MAX_DOCUMENTS = 1000
+MAX_DOCUMENT_CHARS = 3 * 1024 * 1024  # the API server's largest request body
+MAX_DEPTH = 100
+MAX_VALUES = 100_000
+PARSE_BUDGET_SECONDS = 10.0
+_DEADLINE_EVERY = 4096  # events or tokens between two looks at the clock
+_PATH_STEPS = 12  # a refusal names at most this much of the path (a deep one is all alike)
+
+
+class ManifestTooComplex(Exception):
+    """A manifest beyond one of the limits; the message names the limit and where."""
+
+
+class _ManifestLoader(yaml.CSafeLoader):  # libyaml (in PyYAML's wheels): ~8x the pure parser
+    """Safe YAML without implicit timestamps: ``2024-01-01`` stays a string, as in a Pod."""
+
+
+_ManifestLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+# --- the shape of a manifest, event by event ------------------------------------------------
+
+
+@dataclass
+class _Frame:
+    """One open mapping or list: where the scan is in it, and how deep it goes so far."""
+
+    is_mapping: bool
+    values_at_start: int
+    anchor: str | None
+    is_key: bool  # a mapping or list used as a mapping key (YAML's "? ")
+    expect_key: bool = True  # mapping: the next node is a key
+    key: str = ""  # mapping: the current key
+    index: int = 0  # list: the current item
+    deepest: int = 0  # levels below this one, so far
+
+    def step(self) -> str:
+        if self.is_mapping:
+            return f".{self.key}" if self.key else ""
+        return f"[{self.index}]"
+
+
+@dataclass
+class _Shape:
+    """Counts documents, values and depth as the nodes of a manifest go by."""
+
+    deadline: float | None
+    documents: int = 0
+    values: int = 0
+    stack: list[_Frame] = field(default_factory=list)
+    # Per anchor: the values it holds, and the levels it occupies (0 for a scalar).
+    anchors: dict[str, tuple[int, int]] = field(default_factory=dict)
+    seen: int = 0  # nodes, for the clock
+
+    def refuse(self, reason: str) -> ManifestTooComplex:
+        where = f"document {self.documents}" if self.documents > 1 else ""
+        steps = [frame.step() for frame in self.stack[:_PATH_STEPS]]
+        path = "".join(steps).lstrip(".") + ("..." if len(self.stack) > _PATH_STEPS else "")
+        prefix = ", ".join(filter(None, (where, path)))
+        return ManifestTooComplex(f"{prefix}: {reason}" if prefix else reason)
+
+    def start_document(self) -> None:
+        self.documents += 1
+        if self.documents > MAX_DOCUMENTS:
+            raise ManifestTooComplex(f"more than {MAX_DOCUMENTS} documents")
+        self.anchors.clear()  # an alias never reaches into another document
+
+    def expects_key(self) -> bool:
+        return bool(self.stack) and self.stack[-1].is_mapping and self.stack[-1].expect_key
+
+    def open(self, is_mapping: bool, anchor: str | None) -> None:
+        self._count(1, 1)
+        is_key = self._take_key("?")
+        self.stack.append(_Frame(is_mapping, self.values, anchor, is_key))
+
+    def close(self) -> None:
+        frame = self.stack.pop()
+        levels = frame.deepest + 1
+        if frame.anchor is not None:
+            self.anchors[frame.anchor] = (self.values - frame.values_at_start + 1, levels)
+        self._done(levels, frame.is_key)
+
+    def scalar(self, value: str, anchor: str | None) -> None:
+        self._count(1, 0)
+        if anchor is not None:
+            self.anchors[anchor] = (1, 0)
+        key = value if len(value) <= 100 else value[:97] + "..."
+        self._done(0, self._take_key(key))
+
+    def alias(self, name: str) -> None:
+        values, levels = self.anchors.get(name, (1, 0))
+        self._count(values, levels)
+        self._done(levels, self._take_key(f"*{name}"))
+
+    def _take_key(self, key: str) -> bool:
+        """Whether the node now starting is a mapping key (and then it is the current key)."""
+        if not self.expects_key():
+            return False
+        frame = self.stack[-1]
+        frame.key, frame.expect_key = key, False
+        return True
+
+    def _count(self, values: int, levels: int) -> None:
+        self.values += values
+        if self.values > MAX_VALUES:
+            raise self.refuse(
+                f"more than {MAX_VALUES} values in the manifest (an alias counts as all it repeats)"
+            )
+        if len(self.stack) + levels > MAX_DEPTH:
+            raise self.refuse(f"nested deeper than {MAX_DEPTH} levels")
+        self.seen += 1
+        if (self.deadline is not None and self.seen % _DEADLINE_EVERY == 0
+                and time.monotonic() > self.deadline):
+            raise self.refuse(f"reading took longer than {PARSE_BUDGET_SECONDS:g} s")
+
+    def _done(self, levels: int, was_key: bool) -> None:
+        """A node has ended: it was a key (its value comes next) or an item of its parent."""
+        if not self.stack:
+            return
+        frame = self.stack[-1]
+        frame.deepest = max(frame.deepest, levels)
+        if was_key:
+            return
+        if frame.is_mapping:
+            frame.expect_key = True
+        else:
+            frame.index += 1
+
+
+def _check_yaml(text: str, deadline: float | None) -> None:
+    """Raises ManifestTooComplex, or yaml.YAMLError for a syntax error, before any building."""
+    shape = _Shape(deadline)
+    start = 0
+    for event in yaml.parse(text, Loader=_ManifestLoader):
+        if isinstance(event, yaml.ScalarEvent):
+            shape.scalar(event.value, event.anchor)
+        elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            shape.open(isinstance(event, yaml.MappingStartEvent), event.anchor)
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            shape.close()
+        elif isinstance(event, yaml.AliasEvent):
+            shape.alias(event.anchor or "")
+        elif isinstance(event, yaml.DocumentStartEvent):
+            shape.start_document()
+            start = _index(event.start_mark)
+        elif (isinstance(event, yaml.DocumentEndEvent)
+              and _index(event.end_mark) - start > MAX_DOCUMENT_CHARS):
+            raise shape.refuse(f"more than {MAX_DOCUMENT_CHARS} characters in one document")
+
+
+def _index(mark: Any) -> int:
+    """A mark's character offset (libyaml always gives the marks)."""
+    return int(mark.index) if mark is not None else 0
+
+
+# Strings, brackets, and runs of anything else that is not a separator (numbers, literals,
+# and what a YAML flow mapping holds unquoted). "," and ":" are skipped.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]|[^\s\[\]{},:"]+')
+
+
+def _check_json(text: str, deadline: float | None) -> None:
+    """Raises ManifestTooComplex before ``json.loads`` could recurse or build too much."""
+    if len(text) > MAX_DOCUMENT_CHARS:
+        raise ManifestTooComplex(f"more than {MAX_DOCUMENT_CHARS} characters in one document")
+    shape = _Shape(deadline)
+    shape.start_document()
+    for match in _JSON_TOKEN.finditer(text):
+        token = match.group()
+        if token in ("{", "["):
+            shape.open(token == "{", None)
+        elif token in ("}", "]"):
+            if not shape.stack:
+                return  # unbalanced: json.loads says where
+            shape.close()
+        elif token.startswith('"') and shape.expects_key():
+            shape.scalar(_json_string(token), None)
+        else:
+            shape.scalar(token, None)
+
+
+def _json_string(token: str) -> str:
+    try:
+        return str(json.loads(token))
+    except ValueError:
+        return token
+
+
+# --- decoding -------------------------------------------------------------------------------
+
+
+class InvalidSyntax(Exception):
+    """Text that is neither valid JSON nor valid YAML; the message says where."""
+
+
+def decode_documents(text: str, *, json_first: bool, deadline: float | None = None) -> list[Any]:
+    """The documents of a manifest: JSON (one object) or YAML (any number, ``---``).
+
+    ``json_first``: try JSON before YAML (a ``.json`` file, or text starting with "{"; a
+    YAML flow mapping starts with "{" too, so YAML is tried next). Raises
+    ManifestTooComplex beyond a limit, InvalidSyntax for text that does not parse.
+    """
+    json_error: json.JSONDecodeError | None = None
+    if json_first:
+        _check_json(text, deadline)
+        try:
+            return [json.loads(text)]
+        except json.JSONDecodeError as exc:
+            json_error = exc
+    try:
+        _check_yaml(text, deadline)
+        return list(yaml.load_all(text, Loader=_ManifestLoader))
+    except yaml.YAMLError as exc:
+        if json_error is not None:
+            raise InvalidSyntax(
+                f"invalid JSON at line {json_error.lineno}, column {json_error.colno}: "
+                f"{json_error.msg}"
+            ) from None
+        raise InvalidSyntax(describe_yaml_error(exc)) from None
