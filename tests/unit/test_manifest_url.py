@@ -398,3 +398,32 @@ async def test_an_invalid_url_is_reported() -> None:
         assert problem.endswith(
             ": request failed: Request URL has an unsupported protocol 'ftp://'.")
         nursery.cancel_scope.cancel()
+
+
+async def test_hostile_bodies_are_refused_off_the_event_loop_and_keep_the_last_good_set(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[str] = []
+    real = manifest_url.parse_manifest
+
+    def recording(raw: bytes, *args: Any, **kwargs: Any) -> ParsedManifest:
+        threads.append(threading.current_thread().name)
+        return real(raw, *args, **kwargs)
+
+    monkeypatch.setattr(manifest_url, "parse_manifest", recording)
+    deep = b'{"apiVersion":"v1","kind":"Pod","spec":' + b'{"a":' * 100_000 + b"1" + b"}" * 100_001
+    async with trio.open_nursery() as nursery:
+        updates = await start_source(nursery, server.url)
+        good = (await receive(updates)).pods
+        server.answer = (200, deep)
+        kept = await receive(updates)
+        assert kept.pods == good
+        assert [p.reason for p in kept.problems] == [
+            "spec.a.a.a.a.a.a.a.a.a.a.a...: nested deeper than 100 levels"]
+        server.answer = (200, b"---\n" * 20_000)
+        assert [p.reason for p in (await receive(updates)).problems] == [
+            "more than 1000 documents"]
+        nursery.cancel_scope.cancel()
+    main = threading.main_thread().name
+    assert threads[0] == main  # the small good body: parsed inline
+    assert main not in threads[1:]  # the big ones: in a worker thread

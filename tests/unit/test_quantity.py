@@ -50,3 +50,10 @@ def test_rejects(text: str) -> None:
 def test_rejects_booleans() -> None:
     with pytest.raises(QuantityError):
         parse_quantity(True)
+
+
+@pytest.mark.parametrize("value", ["1e1000000000", "1E-129", "1" * 129, float("inf"), float("nan")])
+def test_quantities_out_of_range_are_refused_at_once(value: str | float) -> None:
+    with pytest.raises(QuantityError):
+        parse_quantity(value)
+    assert parse_quantity("1e128") == 10**128

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -513,3 +516,154 @@ def test_unchanged_files_are_not_parsed_again(tmp_path: Path, monkeypatch) -> No
     second = load_manifests(tmp_path, "node1", previous=first)
     assert parsed == ["b.yaml"]
     assert [p.metadata.name for p in second.pods] == ["a-node1", "b-node1"]
+
+
+# --- hostile manifests --------------------------------------------------------------------------
+
+
+def with_meta(extra: str) -> str:
+    """A valid pod with ``extra`` (YAML flow) added to its metadata."""
+    return (
+        "apiVersion: v1\nkind: Pod\n"
+        f"metadata: {{name: bad, {extra}}}\n"
+        "spec:\n  containers:\n    - {name: app, image: busybox:1.36}\n"
+    )
+
+
+def with_container(extra: str, *, spec: str = "") -> str:
+    return (
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: bad}\n"
+        f"spec:\n{spec}  containers:\n    - {{name: app, image: busybox:1.36, {extra}}}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (with_meta("labels: {app: " + "x" * 5000 + "}"),
+         'metadata.labels: Invalid value: "' + "x" * 100 + '..." (5000 characters): '
+         "must be no more than 63 characters"),
+        (with_meta("annotations: {a: " + "x" * 1_000_000 + "}"),
+         "metadata.annotations: Too long: must have at most 262144 bytes"),
+        (with_meta("annotations: {a: " + "x" * 10_000_000 + "}"),
+         "metadata.annotations.a: more than 3145728 characters in one document"),
+        (with_container("resources: {limits: {cpu: '-1'}}"),
+         'spec.containers[0].resources.limits[cpu]: Invalid value: "-1": '
+         "must be greater than or equal to 0"),
+        (with_container("resources: {limits: {memory: '-5Mi'}}"),
+         'spec.containers[0].resources.limits[memory]: Invalid value: "-5Mi": '
+         "must be greater than or equal to 0"),
+        (with_container("resources: {limits: {memory: 1Gi}, requests: {memory: 2Gi}}"),
+         'spec.containers[0].resources.requests: Invalid value: "2Gi": '
+         "must be less than or equal to memory limit of 1Gi"),
+        (with_container("", spec=f"  terminationGracePeriodSeconds: {2**80}\n"),
+         "spec.terminationGracePeriodSeconds: Invalid value: 1208925819614629174706176: "
+         "must be between 0 and 9223372036854775807, inclusive"),
+        (with_container("resources: {limits: {cpu: 1e1000000000}}"),
+         'spec.containers[0].resources.limits.cpu: quantity "1e1000000000" is out of range '
+         "(exponent beyond ±128)"),
+    ],
+    ids=["label-5000", "annotation-1MB", "annotation-10MB", "cpu-negative", "memory-negative",
+         "request-above-limit", "grace-2**80", "quantity-exponent"],
+)
+def test_invalid_pods_are_refused_as_the_api_server_would(
+    tmp_path: Path, text: str, reason: str
+) -> None:
+    write(tmp_path, "bad.yaml", text)
+    write(tmp_path, "good.yaml", pod_yaml("good"))
+    scan = load_manifests(tmp_path, NODE)
+    assert reasons(scan) == [("bad.yaml", reason)]
+    assert names(scan) == ["default/good-node-1"]
+
+
+def deep_json(levels: int) -> str:
+    return ('{"apiVersion":"v1","kind":"Pod","metadata":{"name":"deep"},"spec":'
+            + '{"a":' * levels + "1" + "}" * levels + "}")
+
+
+def alias_bomb(levels: int) -> str:
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return ("apiVersion: v1\nkind: Pod\nmetadata:\n  name: bomb\n  annotations:\n"
+            + "".join(f"    {line}\n" for line in lines)
+            + "spec:\n  containers:\n    - {name: app, image: busybox:1.36}\n")
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "reason"),
+    [
+        ("deep.json", deep_json(100_000),
+         "spec.a.a.a.a.a.a.a.a.a.a.a...: nested deeper than 100 levels"),
+        ("bomb.yaml", alias_bomb(12),
+         "metadata.annotations.a5[0]: more than 100000 values in the manifest "
+         "(an alias counts as all it repeats)"),
+        ("empty-docs.yaml", "---\n" * 20_000, "more than 1000 documents"),
+    ],
+)
+def test_a_hostile_file_is_refused_and_keeps_its_last_good_pods(
+    tmp_path: Path, name: str, text: str, reason: str
+) -> None:
+    write(tmp_path, name, pod_yaml("victim"))
+    write(tmp_path, "other.yaml", pod_yaml("other"))
+    good = load_manifests(tmp_path, NODE)
+    write(tmp_path, name, text)
+    scan = load_manifests(tmp_path, NODE, previous=good)
+    assert reasons(scan) == [(name, reason)]
+    assert names(scan) == names(good)
+    assert scan.stale == {str(tmp_path / name)}
+
+
+def test_a_file_over_the_size_limit_is_not_read_past_it(tmp_path: Path) -> None:
+    (tmp_path / "huge.yaml").write_bytes(b"#" * (static_files.MAX_MANIFEST_BYTES + 1))
+    assert reasons(load_manifests(tmp_path, NODE)) == [
+        ("huge.yaml", "file is larger than 10485760 bytes")]
+
+
+def test_a_fifo_never_blocks_the_reader(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    assert names(load_manifests(tmp_path, NODE)) == []  # not listed: not a regular file
+    result = static_files.read_manifest_file(fifo, NODE)  # and if it is read anyway
+    assert [p.reason for p in result.problems] == ["not a regular file"]
+
+
+def test_a_bug_while_reading_one_file_is_that_files_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real = static_files._pods_in_document
+
+    def fragile(document: Any, location: str, *args: Any) -> Any:
+        if location.endswith("bad.yaml"):
+            raise RuntimeError("boom")
+        return real(document, location, *args)
+
+    monkeypatch.setattr(static_files, "_pods_in_document", fragile)
+    write(tmp_path, "bad.yaml", pod_yaml("bad"))
+    write(tmp_path, "good.yaml", pod_yaml("good"))
+    scan = load_manifests(tmp_path, NODE)
+    assert reasons(scan) == [("bad.yaml", "cannot be read: RuntimeError: boom")]
+    assert names(scan) == ["default/good-node-1"]
+    (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert record.exc_info is not None and "bad.yaml" in record.getMessage()
+
+
+async def test_a_big_file_is_parsed_in_a_worker_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: dict[str, str] = {}
+    real = static_files.read_manifest_file
+
+    def reading(file: Path, node: str) -> Any:
+        threads[file.name] = threading.current_thread().name
+        return real(file, node)
+
+    monkeypatch.setattr(static_files, "read_manifest_file", reading)
+    padding = "# " + "x" * static_files.INLINE_PARSE_BYTES + "\n"
+    write(tmp_path, "big.yaml", padding + pod_yaml("big"))
+    write(tmp_path, "small.yaml", pod_yaml("small"))
+    async with trio.open_nursery() as nursery:
+        updates = await start_source(nursery, tmp_path)
+        assert names(await receive(updates)) == ["default/big-node-1", "default/small-node-1"]
+        nursery.cancel_scope.cancel()
+    assert threads["small.yaml"] == threading.main_thread().name
+    assert threads["big.yaml"] != threading.main_thread().name

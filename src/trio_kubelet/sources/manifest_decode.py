@@ -43,6 +43,7 @@ MAX_DEPTH = 100
 MAX_VALUES = 100_000
 PARSE_BUDGET_SECONDS = 10.0
 _DEADLINE_EVERY = 4096  # events or tokens between two looks at the clock
+_TOO_BIG = f"more than {MAX_DOCUMENT_CHARS} characters in one document"
 _PATH_STEPS = 12  # a refusal names at most this much of the path (a deep one is all alike)
 
 
@@ -174,7 +175,12 @@ def _check_yaml(text: str, deadline: float | None) -> None:
     shape = _Shape(deadline)
     start = 0
     for event in yaml.parse(text, Loader=_ManifestLoader):
-        if isinstance(event, yaml.ScalarEvent):
+        if isinstance(event, yaml.DocumentStartEvent):
+            shape.start_document()
+            start = _index(event.start_mark)
+        elif _index(event.end_mark) - start > MAX_DOCUMENT_CHARS:
+            raise shape.refuse(_TOO_BIG)
+        elif isinstance(event, yaml.ScalarEvent):
             shape.scalar(event.value, event.anchor)
         elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             shape.open(isinstance(event, yaml.MappingStartEvent), event.anchor)
@@ -182,12 +188,6 @@ def _check_yaml(text: str, deadline: float | None) -> None:
             shape.close()
         elif isinstance(event, yaml.AliasEvent):
             shape.alias(event.anchor or "")
-        elif isinstance(event, yaml.DocumentStartEvent):
-            shape.start_document()
-            start = _index(event.start_mark)
-        elif (isinstance(event, yaml.DocumentEndEvent)
-              and _index(event.end_mark) - start > MAX_DOCUMENT_CHARS):
-            raise shape.refuse(f"more than {MAX_DOCUMENT_CHARS} characters in one document")
 
 
 def _index(mark: Any) -> int:
@@ -202,11 +202,11 @@ _JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]|[^\s\[\]{},:"]+')
 
 def _check_json(text: str, deadline: float | None) -> None:
     """Raises ManifestTooComplex before ``json.loads`` could recurse or build too much."""
-    if len(text) > MAX_DOCUMENT_CHARS:
-        raise ManifestTooComplex(f"more than {MAX_DOCUMENT_CHARS} characters in one document")
     shape = _Shape(deadline)
     shape.start_document()
     for match in _JSON_TOKEN.finditer(text):
+        if match.end() > MAX_DOCUMENT_CHARS:
+            raise shape.refuse(_TOO_BIG)
         token = match.group()
         if token in ("{", "["):
             shape.open(token == "{", None)

@@ -1,0 +1,156 @@
+"""Bounded manifest decoding: each limit refuses with the place named, within it all decodes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from trio_kubelet.sources import manifest_decode
+from trio_kubelet.sources.manifest_decode import (
+    MAX_DEPTH,
+    MAX_DOCUMENT_CHARS,
+    MAX_DOCUMENTS,
+    MAX_VALUES,
+    InvalidSyntax,
+    ManifestTooComplex,
+    decode_documents,
+)
+
+
+def refusal(text: str, *, json_first: bool = False, deadline: float | None = None) -> str:
+    with pytest.raises(ManifestTooComplex) as caught:
+        decode_documents(text, json_first=json_first, deadline=deadline)
+    return str(caught.value)
+
+
+def alias_bomb(levels: int, where: str = "metadata:\n  annotations:\n") -> str:
+    """The "billion laughs": each level an anchor of nine aliases of the one before."""
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "apiVersion: v1\nkind: Pod\n" + where + "".join(f"    {line}\n" for line in lines)
+
+
+# --- within the limits ----------------------------------------------------------------------
+
+
+def test_yaml_documents_json_and_flow_yaml_decode() -> None:
+    assert decode_documents("a: 1\n---\n---\nb: [x, 2]\n", json_first=False) == [
+        {"a": 1}, None, {"b": ["x", 2]}]
+    assert decode_documents('{"a": [1, {"b": null}], "c": "\\u00e9"}', json_first=True) == [
+        {"a": [1, {"b": None}], "c": "é"}]
+    assert decode_documents("{name: x, list: [1, 2]}", json_first=True) == [
+        {"name": "x", "list": [1, 2]}]
+
+
+def test_a_modest_anchor_and_merge_key_are_fine() -> None:
+    text = "base: &b {image: busybox, args: [a, b]}\none:\n  <<: *b\n  name: one\ntwo: *b\n"
+    (document,) = decode_documents(text, json_first=False)
+    assert document["one"] == {"image": "busybox", "args": ["a", "b"], "name": "one"}
+    assert document["two"] == {"image": "busybox", "args": ["a", "b"]}
+
+
+def test_exactly_at_the_limits_is_accepted() -> None:
+    nested = "[" * MAX_DEPTH + "]" * MAX_DEPTH
+    assert decode_documents(nested, json_first=True)
+    assert len(decode_documents("---\n" * MAX_DOCUMENTS, json_first=False)) == MAX_DOCUMENTS
+    flat = json.dumps(list(range(MAX_VALUES - 1)))  # the list itself is one value
+    assert len(decode_documents(flat, json_first=True)[0]) == MAX_VALUES - 1
+
+
+# --- each limit -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("levels", [1000, 5000, 100_000])
+def test_deep_json_is_refused_naming_where(levels: int) -> None:
+    text = '{"kind":"Pod","spec":' + '{"a":' * levels + "1" + "}" * levels + "}"
+    assert refusal(text, json_first=True) == (
+        f"spec.a.a.a.a.a.a.a.a.a.a.a...: nested deeper than {MAX_DEPTH} levels")
+
+
+def test_deep_json_array_and_unbalanced_json_are_refused() -> None:
+    assert refusal("[" * 1_000_000, json_first=True).endswith(
+        f"nested deeper than {MAX_DEPTH} levels")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a: " + "[" * 1_000_000,  # libyaml's composer would overflow the C stack (segfault)
+        "".join("  " * i + f"k{i}:\n" for i in range(MAX_DEPTH + 5)),
+        "{a: " * 200 + "1" + "}" * 200,
+    ],
+    ids=["flow", "block", "flow-mapping"],
+)
+def test_deep_yaml_is_refused(text: str) -> None:
+    assert refusal(text).endswith(f"nested deeper than {MAX_DEPTH} levels")
+
+
+def test_the_refusal_names_the_field() -> None:
+    text = "spec:\n  containers:\n  - name: a\n  - name: b\n    args: " + "[" * 200
+    assert refusal(text) == (
+        "spec.containers[1].args[0][0][0][0][0][0][0][0]...: "
+        f"nested deeper than {MAX_DEPTH} levels")
+
+
+def test_depth_brought_by_an_alias_counts() -> None:
+    text = "a: &a " + "[" * 60 + "]" * 60 + "\nb: " + "[" * 50 + "*a" + "]" * 50 + "\n"
+    assert refusal(text).startswith("b[0][0]")
+
+
+@pytest.mark.parametrize("levels", [9, 10, 11, 12])
+def test_alias_bombs_are_refused_before_any_expansion(levels: int) -> None:
+    began = time.monotonic()
+    reason = refusal(alias_bomb(levels))
+    assert time.monotonic() - began < 1.0
+    assert reason == (
+        f"metadata.annotations.a5[0]: more than {MAX_VALUES} values in the manifest "
+        "(an alias counts as all it repeats)")
+
+
+def test_an_alias_bomb_in_args_names_args() -> None:
+    text = "spec:\n  containers:\n  - name: c\n    args:\n" + "".join(
+        f"    - &x{i} [" + ", ".join([f"*x{i - 1}"] * 10 if i else ["lol"] * 10) + "]\n"
+        for i in range(8))
+    assert refusal(text).startswith("spec.containers[0].args[4][")
+
+
+def test_too_many_values_without_aliases() -> None:
+    assert "more than 100000 values" in refusal(json.dumps(list(range(MAX_VALUES))),
+                                                 json_first=True)
+
+
+def test_too_many_documents_even_empty_ones() -> None:
+    assert refusal("---\n" * 20_000) == f"more than {MAX_DOCUMENTS} documents"
+
+
+def test_a_document_too_big_names_the_field_that_makes_it_so() -> None:
+    big = "x" * (MAX_DOCUMENT_CHARS + 1)
+    too_big = f"more than {MAX_DOCUMENT_CHARS} characters in one document"
+    assert refusal(f"metadata:\n  annotations:\n    a: {big}\n") == (
+        f"metadata.annotations.a: {too_big}")
+    assert refusal(f"a: 1\n---\nb: {big}\n") == f"document 2, b: {too_big}"
+    assert refusal(json.dumps({"metadata": {"annotations": {"a": big}}}), json_first=True) == (
+        f"metadata.annotations.a: {too_big}")
+
+
+def test_the_time_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(manifest_decode, "_DEADLINE_EVERY", 10)
+    text = json.dumps({"items": list(range(100))})
+    assert decode_documents(text, json_first=True, deadline=time.monotonic() + 60)
+    assert refusal(text, json_first=True, deadline=time.monotonic() - 1).endswith(
+        "reading took longer than 10 s")
+
+
+def test_anchors_do_not_reach_into_the_next_document() -> None:
+    with pytest.raises(InvalidSyntax, match="undefined alias"):
+        decode_documents("a: &x 1\n---\nb: *x\n", json_first=False)
+
+
+def test_syntax_errors_say_where() -> None:
+    with pytest.raises(InvalidSyntax) as caught:
+        decode_documents('{"kind": "Pod" "x": 1}', json_first=True)
+    assert str(caught.value) == "invalid JSON at line 1, column 16: Expecting ',' delimiter"
+    with pytest.raises(InvalidSyntax, match="invalid YAML at line 2, column 3: mapping values"):
+        decode_documents("a: 1\n b: 2\n", json_first=False)
