@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+import yaml
 
 from trio_kubelet.sources import manifest_decode
 from trio_kubelet.sources.manifest_decode import (
@@ -154,3 +155,30 @@ def test_syntax_errors_say_where() -> None:
     assert str(caught.value) == "invalid JSON at line 1, column 16: Expecting ',' delimiter"
     with pytest.raises(InvalidSyntax, match="invalid YAML at line 2, column 3: mapping values"):
         decode_documents("a: 1\n b: 2\n", json_first=False)
+
+
+def test_a_recursive_structure_is_refused() -> None:
+    assert refusal("a: &x [1, *x]\n") == (
+        "a[1]: alias *x is inside the node it names (a recursive structure)")
+
+
+def test_decoding_is_pyyaml_safe_load_within_the_limits() -> None:
+    """The one-pass composer builds exactly what yaml.safe_load_all does (timestamps aside)."""
+    text = (
+        "a: !!str 123\nb: [yes, no, ~, 0x1F, 1_000, .inf, 1:20, '2024-01-01']\n"
+        "c: &c {x: 1}\nd:\n  <<: *c\n  y: 2\ne: [*c, *c]\n? [k]\n: complex-key-refused-below\n"
+    )
+    with pytest.raises(InvalidSyntax, match="found unhashable key"):
+        decode_documents(text, json_first=False)
+    text = text.split("? [k]")[0] + "---\n--- !!set {p, q}\n...\n"
+    ours = decode_documents(text, json_first=False)
+    assert ours == list(yaml.safe_load_all(text))
+    assert ours[0]["d"] == {"x": 1, "y": 2} and ours[2] == {"p", "q"}
+
+
+def test_mapping_keys_are_strings_as_in_json() -> None:
+    assert decode_documents("8080: http\ntrue: x\n0x1F: y\nok: z\n", json_first=False) == [
+        {"8080": "http", "true": "x", "31": "y", "ok": "z"}]
+    for key in ("~", "1.5"):
+        with pytest.raises(InvalidSyntax, match="invalid YAML at line 2, column 3: a mapping key"):
+            decode_documents(f"a:\n  {key}: x\n", json_first=False)

@@ -181,14 +181,14 @@ def _containers(pod: Wire) -> Iterator[tuple[str, Wire]]:
             yield f"spec.{kind}[{index}]", container
 
 
-def _select(node: Any, pattern: str, path: str = "") -> Iterator[tuple[str, Any]]:
+def _select(node: Any, pattern: str, path: str) -> Iterator[tuple[str, Any]]:
     """``(path, value)`` at ``pattern``: dotted keys, ``name[*]`` for each item of a list."""
     if not pattern:
         yield path, node
         return
     step, _, rest = pattern.partition(".")
     key, each = step.removesuffix("[*]"), step.endswith("[*]")
-    if not isinstance(node, Mapping) or key not in node:
+    if not isinstance(node, dict) or key not in node:
         return
     here = f"{path}.{key}" if path else key
     value = node[key]
@@ -200,16 +200,11 @@ def _select(node: Any, pattern: str, path: str = "") -> Iterator[tuple[str, Any]
 
 
 def _expand(pattern: str) -> list[str]:
-    """A table pattern with ``{container}``, ``{probe}``, ``{hook}`` as concrete patterns."""
-    patterns = [pattern]
-    for name, choices in (
-        ("{container}", [f"spec.{kind}[*]" for kind in CONTAINER_LISTS]),
-        ("{probe}", list(PROBES)),
-        ("{hook}", [f"lifecycle.{hook}" for hook in HOOKS]),
-    ):
-        patterns = [p.replace(name, c) for p in patterns for c in choices] if any(
-            name in p for p in patterns) else patterns
-    return patterns
+    """A table pattern with ``{probe}`` or ``{hook}`` as concrete patterns."""
+    for name, choices in (("{probe}", PROBES), ("{hook}", [f"lifecycle.{h}" for h in HOOKS])):
+        if name in pattern:
+            return [pattern.replace(name, choice) for choice in choices]
+    return [pattern]
 
 
 # --- the rules ------------------------------------------------------------------------------
@@ -243,21 +238,31 @@ INTEGER_RANGES: tuple[tuple[str, int, int, str | None], ...] = (
     ("{container}.{hook}.tcpSocket.port", 1, 65535, None),
     ("{container}.{hook}.sleep.seconds", 0, INT64_MAX, _NON_NEGATIVE),
 )
+_CONTAINER = "{container}."
 _INTEGER_FIELDS = tuple(
     (concrete, low, high, below)
     for pattern, low, high, below in INTEGER_RANGES
     for concrete in _expand(pattern)
 )
+# Pod-level fields from the root; container fields from each container (walked once).
+_POD_INTEGERS = tuple(f for f in _INTEGER_FIELDS if not f[0].startswith(_CONTAINER))
+_CONTAINER_INTEGERS = tuple(
+    (f[0].removeprefix(_CONTAINER), *f[1:]) for f in _INTEGER_FIELDS
+    if f[0].startswith(_CONTAINER))
 
 
 def integer_ranges(pod: Wire) -> Iterator[FieldError]:
     """Every integer of ``INTEGER_RANGES`` within its bounds (a named port is not checked)."""
-    for pattern, low, high, below in _INTEGER_FIELDS:
-        for path, value in _select(pod, pattern):
-            if not isinstance(value, int) or isinstance(value, bool) or low <= value <= high:
-                continue
-            detail = below if below is not None and value < low else _inclusive_range(low, high)
-            yield FieldError(path, "Invalid value", value, detail)
+    places = [(pod, "", _POD_INTEGERS)]
+    places += [(container, where, _CONTAINER_INTEGERS) for where, container in _containers(pod)]
+    for node, where, fields in places:
+        for pattern, low, high, below in fields:
+            for path, value in _select(node, pattern, where):
+                if not isinstance(value, int) or isinstance(value, bool) or low <= value <= high:
+                    continue
+                detail = (below if below is not None and value < low
+                          else _inclusive_range(low, high))
+                yield FieldError(path, "Invalid value", value, detail)
 
 
 def _label_map(field: str, labels: Any) -> Iterator[FieldError]:

@@ -1,9 +1,8 @@
 """Manifest text to documents (JSON or YAML), bounded in documents, size, nesting, values, time.
 
 A manifest comes from whoever can write a file into the manifest directory or answer the
-manifest URL, so decoding one must cost a bounded amount whatever it holds. Before anything
-is built, one pass over the YAML parser's events (or, for JSON, over the text's tokens)
-checks the shape of the whole manifest:
+manifest URL, so decoding one must cost a bounded amount whatever it holds. While the text
+is read, event by event (YAML) or token by token (JSON), its shape is checked against:
 
 - documents: at most ``MAX_DOCUMENTS`` (``---`` separated, empty ones included);
 - a document's size: at most ``MAX_DOCUMENT_CHARS`` characters (3 Mi, the API server's
@@ -11,17 +10,19 @@ checks the shape of the whole manifest:
 - nesting: at most ``MAX_DEPTH`` levels of mappings and lists (a Pod needs about a dozen);
 - values: at most ``MAX_VALUES`` in the manifest, every mapping, list, key and scalar
   counted, and an alias counted as everything it repeats: an alias bomb ("billion laughs")
-  is refused before a single copy is made, and the nesting an alias brings counts too;
-- time: the pass gives up at ``deadline`` (``time.monotonic()``), if one is given.
+  is refused before a single copy is made, and the nesting an alias brings counts too; an
+  alias inside the node it names (a recursive structure) is refused;
+- time: reading gives up at ``deadline`` (``time.monotonic()``), if one is given.
 
-Only then is the text decoded (libyaml, or the json module), with depth and size known to
-be small: no RecursionError from ``json.loads``, no segfault in libyaml's recursive composer
-(it overflows the C stack some 20,000 levels down), no expansion of aliases beyond the
-budget. The pass itself is iterative and yields to the interpreter between events, so a
-worker thread running it never holds the GIL for long.
+YAML is composed in that same pass, iteratively (libyaml's own composer recurses in C and
+overflows the stack some 20,000 levels down: a segfault), and the documents are then built
+by PyYAML's safe constructor, as ``yaml.safe_load`` would (merge keys, tags). JSON is
+decoded by ``json.loads`` only once its tokens have been checked, so it never recurses
+deeper than ``MAX_DEPTH``. The pass yields to the interpreter between events, so a worker
+thread running it never holds the GIL for long.
 
 A refusal (``ManifestTooComplex``) names the field where the limit was crossed, e.g.
-``spec.containers[4].args: nested deeper than 100 levels``.
+``spec.containers[4].args[0][0]...: nested deeper than 100 levels``.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -131,6 +133,8 @@ class _Shape:
         self._done(0, self._take_key(key))
 
     def alias(self, name: str) -> None:
+        if any(frame.anchor == name for frame in self.stack):
+            raise self.refuse(f"alias *{name} is inside the node it names (a recursive structure)")
         values, levels = self.anchors.get(name, (1, 0))
         self._count(values, levels)
         self._done(levels, self._take_key(f"*{name}"))
@@ -170,24 +174,110 @@ class _Shape:
             frame.index += 1
 
 
-def _check_yaml(text: str, deadline: float | None) -> None:
-    """Raises ManifestTooComplex, or yaml.YAMLError for a syntax error, before any building."""
-    shape = _Shape(deadline)
+def _load_yaml(text: str, deadline: float | None) -> list[Any]:
+    """The documents, their shape checked and their nodes composed in one pass over libyaml's
+    events, then built by PyYAML's safe constructor. Raises yaml.YAMLError for bad syntax."""
+    loader = _ManifestLoader(text)
+    try:
+        roots = _compose(loader, _Shape(deadline))
+        return [loader.construct_document(root) for root in roots]
+    finally:
+        loader.dispose()
+
+
+def _compose(loader: _ManifestLoader, shape: _Shape) -> list[yaml.Node]:
+    """Every document's root node, built without recursion (what PyYAML's Composer does)."""
+    roots: list[yaml.Node] = []
+    anchored: dict[str, yaml.Node] = {}
+    open_nodes: list[yaml.CollectionNode] = []
+    keys: list[yaml.Node | None] = []  # per open mapping, a key waiting for its value
+    root: yaml.Node | None = None
     start = 0
-    for event in yaml.parse(text, Loader=_ManifestLoader):
-        if isinstance(event, yaml.DocumentStartEvent):
+    events: Iterator[Any] = iter(loader.get_event, None)
+    for event in events:
+        kind = type(event)  # libyaml's events are exactly these classes: no isinstance chain
+        if kind is yaml.DocumentStartEvent:
             shape.start_document()
+            anchored.clear()
             start = _index(event.start_mark)
-        elif _index(event.end_mark) - start > MAX_DOCUMENT_CHARS:
+            continue
+        if kind is yaml.DocumentEndEvent:
+            if root is not None:
+                roots.append(root)
+            root = None
+            continue
+        if _index(event.end_mark) - start > MAX_DOCUMENT_CHARS:
             raise shape.refuse(_TOO_BIG)
-        elif isinstance(event, yaml.ScalarEvent):
+        node: yaml.Node
+        if kind is yaml.ScalarEvent:
             shape.scalar(event.value, event.anchor)
-        elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            shape.open(isinstance(event, yaml.MappingStartEvent), event.anchor)
-        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            tag = _tag(loader, yaml.ScalarNode, event.tag, event.value, event.implicit)
+            node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark,
+                                   style=event.style)
+        elif kind is yaml.AliasEvent:
+            if event.anchor not in anchored:
+                raise yaml.composer.ComposerError(
+                    None, None, f"found undefined alias {event.anchor!r}", event.start_mark)
+            shape.alias(event.anchor)
+            node = anchored[event.anchor]
+        elif kind is yaml.MappingStartEvent or kind is yaml.SequenceStartEvent:
+            shape.open(kind is yaml.MappingStartEvent, event.anchor)
+            cls = yaml.MappingNode if kind is yaml.MappingStartEvent else yaml.SequenceNode
+            tag = _tag(loader, cls, event.tag, None, event.implicit)
+            collection = cls(tag, [], event.start_mark, None, flow_style=event.flow_style)
+            if event.anchor is not None:
+                anchored[event.anchor] = collection
+            open_nodes.append(collection)
+            keys.append(None)
+            continue
+        elif kind is yaml.MappingEndEvent or kind is yaml.SequenceEndEvent:
             shape.close()
-        elif isinstance(event, yaml.AliasEvent):
-            shape.alias(event.anchor or "")
+            node = open_nodes.pop()
+            node.end_mark = event.end_mark
+            keys.pop()
+        else:  # stream start and end
+            continue
+        if kind is yaml.ScalarEvent and event.anchor is not None:
+            anchored[event.anchor] = node
+        if not open_nodes:
+            root = node
+        elif not isinstance(open_nodes[-1], yaml.MappingNode):
+            open_nodes[-1].value.append(node)
+        elif keys[-1] is None:
+            keys[-1] = _string_key(loader, node)
+        else:
+            open_nodes[-1].value.append((keys[-1], node))
+            keys[-1] = None
+    return roots
+
+
+_STR = "tag:yaml.org,2002:str"
+_KEY_TAGS = (_STR, "tag:yaml.org,2002:merge", "tag:yaml.org,2002:value")
+
+
+def _string_key(loader: _ManifestLoader, key: yaml.Node) -> yaml.Node:
+    """A mapping key as JSON has it, a string: an integer or boolean key becomes its text,
+    as the API server's YAML decoder makes it (``8080: http`` → ``"8080"``); any other key
+    that is not a string (null, a float, a list) is refused."""
+    if not isinstance(key, yaml.ScalarNode) or key.tag in _KEY_TAGS:
+        return key  # a list or mapping as a key: the constructor refuses it (unhashable)
+    value = cast(Any, loader).construct_object(key)
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, int):
+        text = str(value)
+    else:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"a mapping key must be a string, not {key.value!r}", key.start_mark)
+    return yaml.ScalarNode(_STR, text, key.start_mark, key.end_mark)
+
+
+def _tag(loader: _ManifestLoader, kind: type[yaml.Node], tag: str | None, value: str | None,
+         implicit: Any) -> str:
+    """The node's tag: as written, or resolved from the value as PyYAML's Composer does."""
+    if tag is None or tag == "!":
+        return str(cast(Any, loader).resolve(kind, value, implicit))
+    return tag
 
 
 def _index(mark: Any) -> int:
@@ -249,8 +339,7 @@ def decode_documents(text: str, *, json_first: bool, deadline: float | None = No
         except json.JSONDecodeError as exc:
             json_error = exc
     try:
-        _check_yaml(text, deadline)
-        return list(yaml.load_all(text, Loader=_ManifestLoader))
+        return _load_yaml(text, deadline)
     except yaml.YAMLError as exc:
         if json_error is not None:
             raise InvalidSyntax(
