@@ -71,6 +71,7 @@ from trio_kubelet.sources.oom import OOMWatcher
 from trio_kubelet.sources.pleg import run_pleg
 from trio_kubelet.sources.sampler import Sampler
 from trio_kubelet.sources.static_files import run_static_files
+from trio_kubelet.sources.supervise import supervise
 from trio_kubelet.sources.volume_stats import VolumeStats
 from trio_kubelet.status.manager import StatusManager
 from trio_kubelet.status.mirror import MirrorPods
@@ -281,7 +282,8 @@ async def _run_cluster_tasks(
     pods = APIPods(caches=(config_maps, secrets))
     ctx.objects = PodObjects(config_maps, secrets, services)
     ctx.tokens = TokenSource(api, clock.now)
-    nursery.start_soon(run_api_source, send.clone(), api, options.node_name, pods)
+    api_source = partial(run_api_source, client=api, node_name=options.node_name, state=pods)
+    nursery.start_soon(supervise, "api", api_source, send.clone())
 
     def static_pods() -> dict[str, Pod] | None:
         """The file and URL sources' pods, once every one of them has reported."""
@@ -485,34 +487,30 @@ async def run_agent(
                 await nursery.start(container_gc.run)
                 eviction.reclaimer = NodeReclaimers(container_gc, image_gc)
                 if config.static_pod_path:
-                    await nursery.start(
-                        partial(
-                            run_static_files,
-                            send.clone(),
-                            Path(config.static_pod_path),
-                            options.node_name,
-                            check_frequency=config.file_check_frequency,
-                            wall_clock=clock.now,
-                        )
+                    static_files = partial(
+                        run_static_files,
+                        path=Path(config.static_pod_path),
+                        node_name=options.node_name,
+                        check_frequency=config.file_check_frequency,
+                        wall_clock=clock.now,
                     )
+                    await nursery.start(supervise, "file", static_files, send.clone())
                 if api is not None:
                     await _run_cluster_tasks(
                         nursery, send, api, client, events, options, loop, ctx, clock, eviction
                     )
                 if config.static_pod_url:
-                    await nursery.start(
-                        partial(
-                            run_manifest_url,
-                            send.clone(),
-                            config.static_pod_url,
-                            config.static_pod_url_header,
-                            options.node_name,
-                            check_frequency=config.http_check_frequency,
-                            wall_clock=clock.now,
-                        )
+                    manifest_url = partial(
+                        run_manifest_url,
+                        url=config.static_pod_url,
+                        headers=config.static_pod_url_header,
+                        node_name=options.node_name,
+                        check_frequency=config.http_check_frequency,
+                        wall_clock=clock.now,
                     )
-                nursery.start_soon(partial(run_pleg, send.clone(), client, metrics=metrics,
-                                           on_relist=oom.update))
+                    await nursery.start(supervise, "http", manifest_url, send.clone())
+                pleg = partial(run_pleg, client=client, metrics=metrics, on_relist=oom.update)
+                nursery.start_soon(supervise, "pleg", pleg, send.clone())
                 nursery.start_soon(_resync, send.clone(), config.sync_frequency)
                 await nursery.start(oom.run, send.clone())
                 await nursery.start(volume_stats.run)

@@ -156,9 +156,15 @@ class _Handler:
 
 
 async def run_api_source(
-    send: trio.MemorySendChannel[Event], client: APIClient, node_name: str, state: APIPods
+    send: trio.MemorySendChannel[Event],
+    client: APIClient,
+    node_name: str,
+    state: APIPods,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """List+watch ``/api/v1/pods?fieldSelector=spec.nodeName=<node>`` forever."""
+    task_status.started()
     reflector = Reflector(
         client,
         "/api/v1/pods",

@@ -51,6 +51,7 @@ async def run_pleg(
     period: float = RELIST_PERIOD,
     metrics: AgentMetrics | None = None,
     on_relist: Callable[[Mapping[str, RuntimePodStatus]], None] | None = None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Relist every ``period`` seconds and send one event per container state change.
 
@@ -62,6 +63,7 @@ async def run_pleg(
     previous: dict[str, tuple[str, PlegState]] = {}
     failing = False
     last_start: float | None = None
+    task_status.started()
     async with send:
         while True:
             started = trio.current_time()
