@@ -361,3 +361,38 @@ async def test_tls_garbage_does_not_hurt(tmp_path: Path) -> None:
         async with httpx.AsyncClient(verify=False) as client:
             response = await client.get(https(addresses) + "/pods")
             assert json.loads(response.text)["kind"] == "PodList"
+
+
+@PLAIN_PORTS
+@pytest.mark.parametrize("request_head", [
+    b"GET /healthz HTTP/1.0\r\nHost: x\r\n\r\n",
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+], ids=["http-1.0", "connection-close"])
+async def test_a_connection_that_asks_to_close_is_closed_after_the_answer(
+        tmp_path: Path, port_field: str, request_head: bytes) -> None:
+    view, port = plain_view(tmp_path, port_field)
+    async with servers(view):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(request_head)
+        with trio.fail_after(2):  # the idle timeout is 90 s: only a close ends this in time
+            answer = await read_all(stream)
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"ok")
+        await stream.aclose()
+
+
+@PLAIN_PORTS
+@pytest.mark.parametrize(("size", "status"), [
+    (60 * 1024, b"200"), (64 * 1024 - 100, b"200"), (64 * 1024 + 1, b"431"),
+    (70_000, b"431"), (200_000, b"431")])
+async def test_the_request_head_limit_is_64_kib(
+        tmp_path: Path, port_field: str, size: int, status: bytes) -> None:
+    view, port = plain_view(tmp_path, port_field)
+    async with servers(view):  # the default limits, as documented
+        start = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Big: "
+        padding = size - len(start) - 4
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(start + b"y" * padding + b"\r\n\r\n")
+        with trio.fail_after(3):
+            answer = await read_all(stream)
+        assert answer.startswith(b"HTTP/1.1 " + status + b" "), answer[:60]
+        await stream.aclose()

@@ -1,18 +1,21 @@
-"""What one client may cost a server (``HTTPLimits``), and the cap on open connections."""
+"""What one client may cost a server (``HTTPLimits``): the cap on open connections, and the
+request head size on the Hypercorn ports."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import trio
+from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, Scope
 
 from trio_kubelet.server.app import MAX_BODY_BYTES
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HTTPLimits", "limit_connections"]
+__all__ = ["HTTPLimits", "limit_connections", "limit_request_head"]
 
 
 @dataclass(frozen=True)
@@ -51,3 +54,38 @@ def limit_connections(handler: ConnectionHandler, limit: int) -> ConnectionHandl
             open_now -= 1
 
     return serve
+
+
+def request_head_size(scope: Mapping[str, Any]) -> int:
+    """The size of the request line and headers as an HTTP/1.1 client sent them."""
+    target = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+    line = len(scope.get("method", "GET")) + target + len(" ? HTTP/1.1\r\n")
+    headers: Iterable[tuple[bytes, bytes]] = scope.get("headers") or ()
+    return line + sum(len(name) + len(value) + 4 for name, value in headers) + 2
+
+
+def limit_request_head(app: ASGIFramework, max_bytes: int) -> ASGIFramework:
+    """``app`` behind the request head limit: a bigger head is answered 431 and the
+    connection closed, as Go's ``MaxHeaderBytes``.
+
+    Hypercorn's own limit (``h11_max_incomplete_size``) only applies to what is still
+    incomplete after a read of up to 64 KiB, so a head a little over the limit got
+    through; checking the parsed head makes the limit exact.
+    """
+
+    async def guarded(scope: Scope, receive: ASGIReceiveCallable,
+                      send: ASGISendCallable) -> None:
+        if scope["type"] not in ("http", "websocket") or request_head_size(scope) <= max_bytes:
+            await app(scope, receive, send)
+            return
+        log.debug("Request head over %d bytes: 431", max_bytes)
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1009, "reason": ""})
+            return
+        body = b"431 Request Header Fields Too Large"
+        await send({"type": "http.response.start", "status": 431, "headers": [
+            (b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close"),
+            (b"content-length", str(len(body)).encode())], "trailers": False})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    return guarded

@@ -89,22 +89,35 @@ def _response(conn: h11.Connection, answer: Answer, head_only: bool = False) -> 
     return out + (conn.send(h11.EndOfMessage()) or b"")
 
 
-async def _next_event(conn: h11.Connection, stream: trio.SocketStream) -> h11.Event | None:
-    """The connection's next event, reading as needed; None when the client has gone."""
+async def _next_event(conn: h11.Connection, stream: trio.SocketStream,
+                      head_bytes: int | None = None) -> h11.Event | None:
+    """The connection's next event, reading as needed; None when the client has gone.
+
+    With ``head_bytes`` (reading a request head), a head bigger than that is refused
+    (431), whatever the sizes of the reads it arrives in: h11's own limit only applies
+    to what is still incomplete after a read, so a head a little past it was accepted.
+    """
+    left = head_bytes
     while True:
         event = conn.next_event()
         if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
             return None
         if event is not h11.NEED_DATA:
             return cast(h11.Event, event)
-        conn.receive_data(await stream.receive_some(65536))
+        if left is not None and left <= 0:
+            raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+        data = await stream.receive_some(65536 if left is None else min(65536, left))
+        if left is not None:
+            left -= len(data)
+        conn.receive_data(data)
 
 
 async def _read_request(conn: h11.Connection, stream: trio.SocketStream,
-                        max_body_bytes: int) -> tuple[h11.Request, bool] | None:
+                        max_head_bytes: int, max_body_bytes: int
+                        ) -> tuple[h11.Request, bool] | None:
     """The next request and whether it was read to its end (False: its body is bigger than
     ``max_body_bytes``, and the rest is left unread); None: the client closed the connection."""
-    request = await _next_event(conn, stream)
+    request = await _next_event(conn, stream, max_head_bytes)
     if not isinstance(request, h11.Request):
         return None
     received = 0
@@ -119,9 +132,9 @@ async def _read_request(conn: h11.Connection, stream: trio.SocketStream,
 
 
 async def _exchange(health: NodeHealth, conn: h11.Connection, stream: trio.SocketStream,
-                    max_body_bytes: int) -> bool:
+                    limits: HTTPLimits) -> bool:
     """Read one request and send its answer; whether the connection may carry another."""
-    read = await _read_request(conn, stream, max_body_bytes)
+    read = await _read_request(conn, stream, limits.max_header_bytes, limits.max_body_bytes)
     if read is None:
         return False
     request, complete = read
@@ -142,7 +155,7 @@ async def _serve_connection(health: NodeHealth, limits: HTTPLimits,
         while going:
             going = False  # unless the exchange completes within the idle timeout
             with trio.move_on_after(limits.idle_timeout):
-                going = await _exchange(health, conn, stream, limits.max_body_bytes)
+                going = await _exchange(health, conn, stream, limits)
     except h11.RemoteProtocolError as exc:
         status = exc.error_status_hint
         log.debug("Bad request on the healthz port: %s", exc)
@@ -152,12 +165,28 @@ async def _serve_connection(health: NodeHealth, limits: HTTPLimits,
             with trio.move_on_after(limits.idle_timeout), suppress(trio.BrokenResourceError,
                                                                    trio.ClosedResourceError):
                 await stream.send_all(_response(conn, (status, text, _CLOSE)))
+                await _close_write_and_wait(stream)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass  # the client left
     except Exception as exc:  # one broken connection must never take the server down
         log.error("healthz connection failed: %s: %s", type(exc).__name__, exc)
     finally:
         await trio.aclose_forcefully(stream)
+
+
+# After an error answer, how long the rest of the request is read and dropped before the
+# connection is closed (Go's rstAvoidanceDelay): closing with unread data makes the kernel
+# reset the connection, and the client may lose the answer it was sent.
+_RST_AVOIDANCE_DELAY = 0.5
+
+
+async def _close_write_and_wait(stream: trio.SocketStream) -> None:
+    """Half-close, then drop what the client still sends, for a moment (Go's
+    ``closeWriteAndWait``)."""
+    await stream.send_eof()
+    with trio.move_on_after(_RST_AVOIDANCE_DELAY):
+        while await stream.receive_some(65536):
+            pass
 
 
 async def serve_healthz(health: NodeHealth, listeners: Sequence[trio.SocketListener], *,

@@ -12,7 +12,8 @@ hand to an app, are recognised in a connection's first request and served by ``s
 instead (every other request goes to Hypercorn with the bytes read put back). Header size and
 the time a client may take to send its headers are bounded by Hypercorn
 (``h11_max_incomplete_size``, ``keep_alive_timeout``) and, for that first look, here with the
-same limits; a body by the app (1 MiB, see ``app.py``).
+same limits; the head size exactly by ``connections.limit_request_head`` in front of the
+app; a body by the app (1 MiB, see ``app.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from quart_trio import QuartTrio
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.server.app import create_app
 from trio_kubelet.server.auth import Authorizer, RequestAuthenticator, ReviewClient, build_auth
-from trio_kubelet.server.connections import HTTPLimits, limit_connections
+from trio_kubelet.server.connections import HTTPLimits, limit_connections, limit_request_head
 from trio_kubelet.server.health import NodeHealth
 from trio_kubelet.server.healthz_server import serve_healthz
 from trio_kubelet.server.openssl_stream import OpenSSLStream
@@ -157,6 +158,17 @@ class _PeerStream:
             await self._context.terminated.set()
         return data
 
+    # Hypercorn closes a connection that must not be kept ("Connection: close", HTTP/1.0)
+    # from the request's task, which Quart-Trio has cancelled by then: unshielded, the close
+    # never happened and the connection stayed open until the client gave up.
+    async def send_eof(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self._stream.send_eof()  # an OpenSSLStream has none: AttributeError, as before
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self._stream.aclose()
+
 
 async def _handshake(stream: OpenSSLStream, timeout: float) -> bool:
     try:
@@ -246,7 +258,7 @@ async def serve_listeners(app: QuartTrio, listeners: Sequence[trio.SocketListene
     """Serve ``app`` on bound ``listeners`` until cancelled, then close them; reports the
     first listener's ``(host, port)`` once serving."""
     config = _hypercorn_config(limits)
-    asgi = ASGIWrapper(_PeerTLSScope(app))
+    asgi = ASGIWrapper(limit_request_head(_PeerTLSScope(app), limits.max_header_bytes))
     host, port = listeners[0].socket.getsockname()[:2]
     state: dict[str, Any] = {}
     lifespan = Lifespan(asgi, config, state)
