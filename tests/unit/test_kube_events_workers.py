@@ -65,13 +65,13 @@ class Node:
 
 
 @asynccontextmanager
-async def fake_node(tmp_path: Path) -> AsyncIterator[Node]:
+async def fake_node(tmp_path: Path, logs: Path | None = None) -> AsyncIterator[Node]:
     wall = TrioWallClock(epoch=T0)
     events = Reported()
     async with open_fake_runtime(clock=wall.now, timeout=5.0) as (fake, client):
         store = PodStatusStore()
         ctx = WorkerContext(client=client, images=ImageManager(client, events), store=store,
-                            clock=wall, pod_logs_dir=tmp_path / "logs", events=events)
+                            clock=wall, pod_logs_dir=logs or tmp_path / "logs", events=events)
         loop = SyncLoop(ctx, ["file"])
         send, receive = trio.open_memory_channel[Event](math.inf)
         async with trio.open_nursery() as nursery:
@@ -195,3 +195,44 @@ async def test_sandbox_failures_and_changes_are_reported_on_the_pod(
         await node.wait_reason("SandboxChanged")
         assert ("", "Normal", "SandboxChanged",
                 "Pod sandbox changed, it will be killed and re-created.") in node.events.seen
+
+
+async def test_a_pod_logs_directory_that_cannot_be_made_fails_the_sandbox(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    logs = tmp_path / "logs"
+    logs.write_text("not a directory")  # as root, a mode would not stop the agent: a file does
+    async with fake_node(tmp_path, logs) as node:
+        node.fake.add_image(IMAGE)
+        await node.send.send(PodSetUpdate(source="file", pods=[make_pod()]))
+        await node.wait_reason("FailedCreatePodSandBox")
+        message = f"Failed to create pod sandbox: mkdir {logs}/default_web_{UID}: Not a directory"
+        assert node.events.seen == [("", "Warning", "FailedCreatePodSandBox", message)]
+        pod = node.store.get(UID)
+        assert pod is not None
+        waiting = pod.status.container_statuses[0].state.waiting
+        assert waiting is not None and waiting.reason == "CreatePodSandboxError"
+        assert waiting.message == f"mkdir {logs}/default_web_{UID}: Not a directory"
+
+        logs.unlink()  # fixed: the next retry runs the pod
+        await node.wait_reason("Started")
+
+
+async def test_a_container_log_directory_that_cannot_be_made_is_create_container_config_error(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    blocked = tmp_path / "logs" / f"default_web_{UID}" / "main"
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("in the way")
+    async with fake_node(tmp_path) as node:
+        node.fake.add_image(IMAGE)
+        await node.send.send(PodSetUpdate(source="file", pods=[make_pod()]))
+        await node.wait_reason("Failed")
+        message = f"create container log directory for container main failed: mkdir {blocked}: "
+        assert node.events.seen[-1][:3] == (MAIN, "Warning", "Failed")
+        assert node.events.seen[-1][3].startswith(f"Error: {message}")
+        pod = node.store.get(UID)
+        assert pod is not None
+        waiting = pod.status.container_statuses[0].state.waiting
+        assert waiting is not None and waiting.reason == "CreateContainerConfigError"
+        assert waiting.message is not None and waiting.message.startswith(message)

@@ -423,11 +423,11 @@ class PodWorker:
 
     async def _create_sandbox(self, pod: Pod, attempt: int, result: _SyncResult) -> str:
         config = self._sandbox_config(pod, attempt)
-        Path(config.log_directory).mkdir(parents=True, exist_ok=True)
         try:
+            _make_log_directory(Path(config.log_directory))
             await self._ensure_pod_cgroup(pod)
             sandbox_id = await self._ctx.client.run_pod_sandbox(config)
-        except (CRIError, CgroupError) as err:
+        except (CRIError, CgroupError, _LogDirectoryError) as err:
             log.error("Failed to create sandbox for pod %s (%s): %s", pod.full_name, self.uid, err)
             self._ctx.events.pod_event(
                 pod,
@@ -543,7 +543,14 @@ class PodWorker:
             result.errors[container.name] = (err.reason, err.message)
             result.retry_in(SYNC_ERROR_RETRY)
             return False
-        log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            _make_log_directory(log_dir)
+        except _LogDirectoryError as err:  # Go: generateContainerConfig's error
+            message = f"create container log directory for container {container.name} failed: {err}"
+            ctx.events.pod_event(pod, "Warning", "Failed", f"Error: {message}", container.name)
+            result.errors[container.name] = ("CreateContainerConfigError", message)
+            result.retry_in(SYNC_ERROR_RETRY)
+            return False
         try:
             container_id = await ctx.client.create_container(sandbox_id, config, sandbox)
         except CRIError as err:
@@ -834,6 +841,20 @@ class PodWorker:
         ) and not any(s.state is SandboxState.READY for s in runtime.sandboxes)
         ctx.store.set(pod, status, stopped=stopped)
         ctx.on_status(self.uid)
+
+
+class _LogDirectoryError(Exception):
+    """A pod's or container's log directory could not be made; the message is Go's
+    (``mkdir <path>: <reason>``)."""
+
+
+def _make_log_directory(path: Path) -> None:
+    """``mkdir -p`` of a log directory under podLogsDir (at most two levels: not worth a
+    thread); a directory the agent cannot write to is reported, not raised past the sync."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise _LogDirectoryError(f"mkdir {err.filename or path}: {err.strerror or err}") from None
 
 
 def restart_count_from_logs(log_dir: Path) -> int:
