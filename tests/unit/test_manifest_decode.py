@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 import yaml
@@ -20,9 +21,13 @@ from trio_kubelet.sources.manifest_decode import (
 )
 
 
+def decode(text: str, *, json_first: bool = False, deadline: float | None = None) -> list[Any]:
+    return decode_documents(text.encode(), json_first=json_first, deadline=deadline)
+
+
 def refusal(text: str, *, json_first: bool = False, deadline: float | None = None) -> str:
     with pytest.raises(ManifestTooComplex) as caught:
-        decode_documents(text, json_first=json_first, deadline=deadline)
+        decode(text, json_first=json_first, deadline=deadline)
     return str(caught.value)
 
 
@@ -37,27 +42,27 @@ def alias_bomb(levels: int, where: str = "metadata:\n  annotations:\n") -> str:
 
 
 def test_yaml_documents_json_and_flow_yaml_decode() -> None:
-    assert decode_documents("a: 1\n---\n---\nb: [x, 2]\n", json_first=False) == [
+    assert decode("a: 1\n---\n---\nb: [x, 2]\n", json_first=False) == [
         {"a": 1}, None, {"b": ["x", 2]}]
-    assert decode_documents('{"a": [1, {"b": null}], "c": "\\u00e9"}', json_first=True) == [
+    assert decode('{"a": [1, {"b": null}], "c": "\\u00e9"}', json_first=True) == [
         {"a": [1, {"b": None}], "c": "é"}]
-    assert decode_documents("{name: x, list: [1, 2]}", json_first=True) == [
+    assert decode("{name: x, list: [1, 2]}", json_first=True) == [
         {"name": "x", "list": [1, 2]}]
 
 
 def test_a_modest_anchor_and_merge_key_are_fine() -> None:
     text = "base: &b {image: busybox, args: [a, b]}\none:\n  <<: *b\n  name: one\ntwo: *b\n"
-    (document,) = decode_documents(text, json_first=False)
+    (document,) = decode(text, json_first=False)
     assert document["one"] == {"image": "busybox", "args": ["a", "b"], "name": "one"}
     assert document["two"] == {"image": "busybox", "args": ["a", "b"]}
 
 
 def test_exactly_at_the_limits_is_accepted() -> None:
     nested = "[" * MAX_DEPTH + "]" * MAX_DEPTH
-    assert decode_documents(nested, json_first=True)
-    assert len(decode_documents("---\n" * MAX_DOCUMENTS, json_first=False)) == MAX_DOCUMENTS
+    assert decode(nested, json_first=True)
+    assert len(decode("---\n" * MAX_DOCUMENTS, json_first=False)) == MAX_DOCUMENTS
     flat = json.dumps(list(range(MAX_VALUES - 1)))  # the list itself is one value
-    assert len(decode_documents(flat, json_first=True)[0]) == MAX_VALUES - 1
+    assert len(decode(flat, json_first=True)[0]) == MAX_VALUES - 1
 
 
 # --- each limit -----------------------------------------------------------------------------
@@ -139,22 +144,22 @@ def test_a_document_too_big_names_the_field_that_makes_it_so() -> None:
 def test_the_time_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(manifest_decode, "_DEADLINE_EVERY", 10)
     text = json.dumps({"items": list(range(100))})
-    assert decode_documents(text, json_first=True, deadline=time.monotonic() + 60)
+    assert decode(text, json_first=True, deadline=time.monotonic() + 60)
     assert refusal(text, json_first=True, deadline=time.monotonic() - 1).endswith(
         "reading took longer than 10 s")
 
 
 def test_anchors_do_not_reach_into_the_next_document() -> None:
     with pytest.raises(InvalidSyntax, match="undefined alias"):
-        decode_documents("a: &x 1\n---\nb: *x\n", json_first=False)
+        decode("a: &x 1\n---\nb: *x\n", json_first=False)
 
 
 def test_syntax_errors_say_where() -> None:
     with pytest.raises(InvalidSyntax) as caught:
-        decode_documents('{"kind": "Pod" "x": 1}', json_first=True)
+        decode('{"kind": "Pod" "x": 1}', json_first=True)
     assert str(caught.value) == "invalid JSON at line 1, column 16: Expecting ',' delimiter"
     with pytest.raises(InvalidSyntax, match="invalid YAML at line 2, column 3: mapping values"):
-        decode_documents("a: 1\n b: 2\n", json_first=False)
+        decode("a: 1\n b: 2\n", json_first=False)
 
 
 def test_a_recursive_structure_is_refused() -> None:
@@ -163,22 +168,36 @@ def test_a_recursive_structure_is_refused() -> None:
 
 
 def test_decoding_is_pyyaml_safe_load_within_the_limits() -> None:
-    """The one-pass composer builds exactly what yaml.safe_load_all does (timestamps aside)."""
+    """The one-pass builder makes exactly what yaml.safe_load_all does (timestamps aside)."""
     text = (
-        "a: !!str 123\nb: [yes, no, ~, 0x1F, 1_000, .inf, 1:20, '2024-01-01']\n"
-        "c: &c {x: 1}\nd:\n  <<: *c\n  y: 2\ne: [*c, *c]\n? [k]\n: complex-key-refused-below\n"
+        "a: !!str 123\nb: [yes, no, ~, 0x1F, 1_000, .inf, 1:20, '2024-01-01', !!binary aGk=]\n"
+        "c: &c {x: 1, z: 0}\nd: &d {x: 2, w: 3}\nm1:\n  <<: *c\n  y: 2\n"
+        "m2:\n  <<: [*c, *d]\n  z: 9\ne: [*c, *c]\nf: {'=': v}\n---\n---\n- [a, {b: c}]\n"
     )
-    with pytest.raises(InvalidSyntax, match="found unhashable key"):
-        decode_documents(text, json_first=False)
-    text = text.split("? [k]")[0] + "---\n--- !!set {p, q}\n...\n"
-    ours = decode_documents(text, json_first=False)
+    ours = decode(text)
     assert ours == list(yaml.safe_load_all(text))
-    assert ours[0]["d"] == {"x": 1, "y": 2} and ours[2] == {"p", "q"}
+    assert ours[0]["m1"] == {"x": 1, "z": 0, "y": 2}
+    assert ours[0]["m2"] == {"x": 1, "z": 9, "w": 3}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("a: !!set {p, q}\n", "the tag 'tag:yaml.org,2002:set' is not supported in a manifest"),
+    ("a: !!python/name:os.system x\n", "the tag 'tag:yaml.org,2002:python/name:os.system' is "
+     "not supported in a manifest"),
+    ("a: !custom x\n", "the tag '!custom' is not supported in a manifest"),
+    ("? [k]\n: v\n", "a mapping key must be a string, not ['k']"),
+    ("a: {<<: 1}\n", "expected a mapping or list of mappings for merging"),
+])
+def test_what_safe_load_would_build_but_a_pod_cannot_hold_is_refused(
+        text: str, message: str) -> None:
+    with pytest.raises(InvalidSyntax, match="invalid YAML at line 1") as caught:
+        decode(text)
+    assert str(caught.value).endswith(message)
 
 
 def test_mapping_keys_are_strings_as_in_json() -> None:
-    assert decode_documents("8080: http\ntrue: x\n0x1F: y\nok: z\n", json_first=False) == [
+    assert decode("8080: http\ntrue: x\n0x1F: y\nok: z\n", json_first=False) == [
         {"8080": "http", "true": "x", "31": "y", "ok": "z"}]
     for key in ("~", "1.5"):
         with pytest.raises(InvalidSyntax, match="invalid YAML at line 2, column 3: a mapping key"):
-            decode_documents(f"a:\n  {key}: x\n", json_first=False)
+            decode(f"a:\n  {key}: x\n", json_first=False)

@@ -174,24 +174,60 @@ class _Shape:
             frame.index += 1
 
 
-def _load_yaml(text: str, deadline: float | None) -> list[Any]:
-    """The documents, their shape checked and their nodes composed in one pass over libyaml's
-    events, then built by PyYAML's safe constructor. Raises yaml.YAMLError for bad syntax."""
-    loader = _ManifestLoader(text)
+def _load_yaml(source: bytes, deadline: float | None) -> list[Any]:
+    """The documents, checked and built in one pass over libyaml's events. Raises
+    yaml.YAMLError for bad syntax, or what PyYAML's safe loader would refuse."""
+    loader = _ManifestLoader(source)
     try:
-        roots = _compose(loader, _Shape(deadline))
-        return [loader.construct_document(root) for root in roots]
+        return _build(loader, _Shape(deadline))
     finally:
         loader.dispose()
 
 
-def _compose(loader: _ManifestLoader, shape: _Shape) -> list[yaml.Node]:
-    """Every document's root node, built without recursion (what PyYAML's Composer does)."""
-    roots: list[yaml.Node] = []
-    anchored: dict[str, yaml.Node] = {}
-    open_nodes: list[yaml.CollectionNode] = []
-    keys: list[yaml.Node | None] = []  # per open mapping, a key waiting for its value
-    root: yaml.Node | None = None
+_NO_KEY = object()  # an open mapping waiting for its next key
+_MERGE = object()  # the merge key ``<<``
+
+
+@dataclass
+class _Open:
+    """A mapping or list being built: its items so far, and for a mapping the pending key
+    and the mappings merged into it (``<<``), later ones overriding earlier ones."""
+
+    value: dict[Any, Any] | list[Any]
+    anchor: str | None
+    mark: Any
+    key: Any = _NO_KEY
+    merged: list[dict[Any, Any]] = field(default_factory=list)
+
+    def add(self, value: Any, mark: Any) -> None:
+        if isinstance(self.value, list):
+            self.value.append(value)
+        elif self.key is _NO_KEY:
+            self.key = _string_key(value, mark)
+        elif self.key is _MERGE:
+            self.merged.extend(_merge_sources(value, mark))
+            self.key = _NO_KEY
+        else:
+            self.value[self.key] = value
+            self.key = _NO_KEY
+
+    def finish(self) -> dict[Any, Any] | list[Any]:
+        if not self.merged:
+            return self.value
+        result: dict[Any, Any] = {}
+        for source in self.merged:
+            result.update(source)
+        result.update(self.value)
+        return result
+
+
+def _build(loader: _ManifestLoader, shape: _Shape) -> list[Any]:
+    """Every document, built without recursion and without PyYAML's node tree (a node,
+    with its marks, costs several times the value it becomes)."""
+    documents: list[Any] = []
+    anchored: dict[str, Any] = {}
+    building: list[_Open] = []
+    root: Any = None
     start = 0
     events: Iterator[Any] = iter(loader.get_event, None)
     for event in events:
@@ -202,82 +238,93 @@ def _compose(loader: _ManifestLoader, shape: _Shape) -> list[yaml.Node]:
             start = _index(event.start_mark)
             continue
         if kind is yaml.DocumentEndEvent:
-            if root is not None:
-                roots.append(root)
+            documents.append(root)
             root = None
             continue
         if _index(event.end_mark) - start > MAX_DOCUMENT_CHARS:
             raise shape.refuse(_TOO_BIG)
-        node: yaml.Node
         if kind is yaml.ScalarEvent:
             shape.scalar(event.value, event.anchor)
-            tag = _tag(loader, yaml.ScalarNode, event.tag, event.value, event.implicit)
-            node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark,
-                                   style=event.style)
+            value, anchor, mark = _scalar(loader, event), event.anchor, event.start_mark
         elif kind is yaml.AliasEvent:
+            shape.alias(event.anchor)  # first: an alias inside its own anchor is refused there
             if event.anchor not in anchored:
                 raise yaml.composer.ComposerError(
                     None, None, f"found undefined alias {event.anchor!r}", event.start_mark)
-            shape.alias(event.anchor)
-            node = anchored[event.anchor]
+            value, anchor, mark = anchored[event.anchor], None, event.start_mark
         elif kind is yaml.MappingStartEvent or kind is yaml.SequenceStartEvent:
-            shape.open(kind is yaml.MappingStartEvent, event.anchor)
-            cls = yaml.MappingNode if kind is yaml.MappingStartEvent else yaml.SequenceNode
-            tag = _tag(loader, cls, event.tag, None, event.implicit)
-            collection = cls(tag, [], event.start_mark, None, flow_style=event.flow_style)
-            if event.anchor is not None:
-                anchored[event.anchor] = collection
-            open_nodes.append(collection)
-            keys.append(None)
+            is_mapping = kind is yaml.MappingStartEvent
+            shape.open(is_mapping, event.anchor)
+            _check_collection_tag(event, is_mapping)
+            building.append(_Open({} if is_mapping else [], event.anchor, event.start_mark))
             continue
         elif kind is yaml.MappingEndEvent or kind is yaml.SequenceEndEvent:
             shape.close()
-            node = open_nodes.pop()
-            node.end_mark = event.end_mark
-            keys.pop()
+            done = building.pop()
+            value, anchor, mark = done.finish(), done.anchor, done.mark
         else:  # stream start and end
             continue
-        if kind is yaml.ScalarEvent and event.anchor is not None:
-            anchored[event.anchor] = node
-        if not open_nodes:
-            root = node
-        elif not isinstance(open_nodes[-1], yaml.MappingNode):
-            open_nodes[-1].value.append(node)
-        elif keys[-1] is None:
-            keys[-1] = _string_key(loader, node)
+        if anchor is not None:
+            anchored[anchor] = value
+        if building:
+            building[-1].add(value, mark)
         else:
-            open_nodes[-1].value.append((keys[-1], node))
-            keys[-1] = None
-    return roots
+            root = value
+    return documents
 
 
-_STR = "tag:yaml.org,2002:str"
-_KEY_TAGS = (_STR, "tag:yaml.org,2002:merge", "tag:yaml.org,2002:value")
+_TAG = "tag:yaml.org,2002:"
+_SCALAR_TAGS = {f"{_TAG}{name}" for name in ("null", "bool", "int", "float", "str", "binary",
+                                              "timestamp")}
 
 
-def _string_key(loader: _ManifestLoader, key: yaml.Node) -> yaml.Node:
+def _scalar(loader: _ManifestLoader, event: Any) -> Any:
+    """A scalar's value, as PyYAML's safe loader makes it (the merge key ``<<`` as _MERGE)."""
+    tag = event.tag
+    if tag is None or tag == "!":
+        tag = cast(Any, loader).resolve(yaml.ScalarNode, event.value, event.implicit)
+    if tag == f"{_TAG}merge":
+        return _MERGE
+    if tag == f"{_TAG}value":
+        return event.value
+    if tag not in _SCALAR_TAGS:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"the tag {tag!r} is not supported in a manifest", event.start_mark)
+    node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, style=event.style)
+    return loader.yaml_constructors[tag](loader, node)
+
+
+def _check_collection_tag(event: Any, is_mapping: bool) -> None:
+    expected = f"{_TAG}{'map' if is_mapping else 'seq'}"
+    if event.tag not in (None, "!", expected):
+        raise yaml.constructor.ConstructorError(
+            None, None, f"the tag {event.tag!r} is not supported in a manifest",
+            event.start_mark)
+
+
+def _string_key(key: Any, mark: Any) -> Any:
     """A mapping key as JSON has it, a string: an integer or boolean key becomes its text,
     as the API server's YAML decoder makes it (``8080: http`` → ``"8080"``); any other key
     that is not a string (null, a float, a list) is refused."""
-    if not isinstance(key, yaml.ScalarNode) or key.tag in _KEY_TAGS:
-        return key  # a list or mapping as a key: the constructor refuses it (unhashable)
-    value = cast(Any, loader).construct_object(key)
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, int):
-        text = str(value)
-    else:
-        raise yaml.constructor.ConstructorError(
-            None, None, f"a mapping key must be a string, not {key.value!r}", key.start_mark)
-    return yaml.ScalarNode(_STR, text, key.start_mark, key.end_mark)
+    if isinstance(key, str) or key is _MERGE:
+        return key
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    if isinstance(key, int):
+        return str(key)
+    raise yaml.constructor.ConstructorError(
+        None, None, f"a mapping key must be a string, not {key!r}", mark)
 
 
-def _tag(loader: _ManifestLoader, kind: type[yaml.Node], tag: str | None, value: str | None,
-         implicit: Any) -> str:
-    """The node's tag: as written, or resolved from the value as PyYAML's Composer does."""
-    if tag is None or tag == "!":
-        return str(cast(Any, loader).resolve(kind, value, implicit))
-    return tag
+def _merge_sources(value: Any, mark: Any) -> list[dict[Any, Any]]:
+    """What ``<<`` merges, later entries overriding earlier ones (in ``<<: [*a, *b]`` the
+    first wins, as in PyYAML)."""
+    if isinstance(value, dict):
+        return [value]
+    if isinstance(value, list) and all(isinstance(item, dict) for item in value):
+        return list(reversed(value))
+    raise yaml.constructor.ConstructorError(
+        None, None, "expected a mapping or list of mappings for merging", mark)
 
 
 def _index(mark: Any) -> int:
@@ -287,59 +334,59 @@ def _index(mark: Any) -> int:
 
 # Strings, brackets, and runs of anything else that is not a separator (numbers, literals,
 # and what a YAML flow mapping holds unquoted). "," and ":" are skipped.
-_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]|[^\s\[\]{},:"]+')
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]|[^\s\[\]{},:"]+')
 
 
-def _check_json(text: str, deadline: float | None) -> None:
+def _check_json(source: bytes, deadline: float | None) -> None:
     """Raises ManifestTooComplex before ``json.loads`` could recurse or build too much."""
     shape = _Shape(deadline)
     shape.start_document()
-    for match in _JSON_TOKEN.finditer(text):
+    for match in _JSON_TOKEN.finditer(source):
         if match.end() > MAX_DOCUMENT_CHARS:
             raise shape.refuse(_TOO_BIG)
         token = match.group()
-        if token in ("{", "["):
-            shape.open(token == "{", None)
-        elif token in ("}", "]"):
+        if token in (b"{", b"["):
+            shape.open(token == b"{", None)
+        elif token in (b"}", b"]"):
             if not shape.stack:
                 return  # unbalanced: json.loads says where
             shape.close()
-        elif token.startswith('"') and shape.expects_key():
+        elif token.startswith(b'"') and shape.expects_key():
             shape.scalar(_json_string(token), None)
         else:
-            shape.scalar(token, None)
+            shape.scalar("", None)
 
 
-def _json_string(token: str) -> str:
+def _json_string(token: bytes) -> str:
     try:
         return str(json.loads(token))
     except ValueError:
-        return token
-
-
-# --- decoding -------------------------------------------------------------------------------
+        return token.decode(errors="replace")
 
 
 class InvalidSyntax(Exception):
     """Text that is neither valid JSON nor valid YAML; the message says where."""
 
 
-def decode_documents(text: str, *, json_first: bool, deadline: float | None = None) -> list[Any]:
-    """The documents of a manifest: JSON (one object) or YAML (any number, ``---``).
+def decode_documents(source: bytes, *, json_first: bool,
+                     deadline: float | None = None) -> list[Any]:
+    """The documents of a manifest, UTF-8 text: JSON (one object) or YAML (any number, ``---``).
 
     ``json_first``: try JSON before YAML (a ``.json`` file, or text starting with "{"; a
-    YAML flow mapping starts with "{" too, so YAML is tried next). Raises
-    ManifestTooComplex beyond a limit, InvalidSyntax for text that does not parse.
+    YAML flow mapping starts with "{" too, so YAML is tried next). The bytes are handed to
+    the parsers as they are: a str copy (or two, libyaml encodes a str back to UTF-8) of a
+    10 MiB manifest would cost more memory than the manifest. Raises ManifestTooComplex
+    beyond a limit, InvalidSyntax for text that does not parse.
     """
     json_error: json.JSONDecodeError | None = None
     if json_first:
-        _check_json(text, deadline)
+        _check_json(source, deadline)
         try:
-            return [json.loads(text)]
+            return [json.loads(source)]
         except json.JSONDecodeError as exc:
             json_error = exc
     try:
-        return _load_yaml(text, deadline)
+        return _load_yaml(source, deadline)
     except yaml.YAMLError as exc:
         if json_error is not None:
             raise InvalidSyntax(

@@ -46,6 +46,7 @@ the manifest URL source (``sources/manifest_url.py``), whose pods are static pod
 
 from __future__ import annotations
 
+import codecs
 import copy
 import hashlib
 import json
@@ -279,9 +280,9 @@ def _pods_in_document(
     return pods
 
 
-def _documents(text: str, suffix: str, deadline: float) -> list[Any]:
-    """The documents of a manifest: JSON (one object) or YAML (any number, ``---``)."""
-    json_first = suffix == ".json" or text.lstrip().startswith("{")
+def _documents(text: bytes, suffix: str, deadline: float) -> list[Any]:
+    """The documents of a manifest (UTF-8): JSON (one object) or YAML (any number, ``---``)."""
+    json_first = suffix == ".json" or text.lstrip().startswith(b"{")
     try:
         return decode_documents(text, json_first=json_first, deadline=deadline)
     except (InvalidSyntax, ManifestTooComplex) as exc:
@@ -346,10 +347,12 @@ def _parse_manifest(
     deadline = time.monotonic() + PARSE_BUDGET_SECONDS
     if len(raw) > MAX_MANIFEST_BYTES:
         return _rejected(location, f"{container} is larger than {MAX_MANIFEST_BYTES} bytes")
+    text = raw.removeprefix(codecs.BOM_UTF8)
     try:
-        text = raw.decode("utf-8-sig")
+        text.decode()  # only checked: the parsers read the bytes
     except UnicodeDecodeError as exc:
-        return _rejected(location, f"not UTF-8 text (invalid byte at offset {exc.start})")
+        offset = exc.start + len(raw) - len(text)
+        return _rejected(location, f"not UTF-8 text (invalid byte at offset {offset})")
     try:
         documents = _documents(text, suffix, deadline)
     except _Rejected as exc:
