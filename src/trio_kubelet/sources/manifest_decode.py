@@ -186,8 +186,9 @@ class _Chunks:
         self._data = memoryview(data)
         self._at = 0
 
-    def read(self, size: int) -> bytes:
-        chunk = bytes(self._data[self._at:self._at + size])
+    def read(self, size: int = -1, /) -> bytes:
+        end = len(self._data) if size < 0 else self._at + size
+        chunk = bytes(self._data[self._at:end])
         self._at += len(chunk)
         return chunk
 
