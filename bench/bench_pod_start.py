@@ -277,10 +277,10 @@ def wrap_static_source(probe: Probe) -> None:
     """Time every rescan of the manifest directory (the source's own work starts there)."""
     original = static_files._StaticPodFiles.rescan
 
-    def rescan(self: static_files._StaticPodFiles) -> Any:
+    async def rescan(self: static_files._StaticPodFiles) -> Any:
         start, cpu = time.perf_counter(), time.process_time()
         probe.start_profile()
-        update = original(self)
+        update = await original(self)
         probe.scans.append((start, time.perf_counter(), update))
         probe.scan_cpu.append(cpu)
         pending = probe.watched - probe.running.keys()
