@@ -220,11 +220,17 @@ DUPLICATE_CONTAINER = (
         ),
         (
             pod_yaml("Web_1"),
-            'metadata.name: "Web_1" must be a lowercase RFC 1123 subdomain (a-z, 0-9, "-" and ".")',
+            'metadata.name: Invalid value: "Web_1": a lowercase RFC 1123 subdomain must consist '
+            "of lower case alphanumeric characters, '-' or '.', and must start and end with an "
+            "alphanumeric character (e.g. 'example.com', regex used for validation is "
+            "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
         ),
         (
             pod_yaml("web", extra_meta="  namespace: My-NS\n"),
-            'metadata.namespace: "My-NS" must be a lowercase RFC 1123 label (a-z, 0-9, "-")',
+            'metadata.namespace: Invalid value: "My-NS": a lowercase RFC 1123 label must '
+            "consist of lower case alphanumeric characters or '-', and must start and end with "
+            "an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for "
+            "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
         ),
         ("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n", "spec: required value"),
         (

@@ -52,7 +52,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import stat
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -68,7 +67,13 @@ from pydantic import ValidationError
 from trio_kubelet.config import describe_validation_error
 from trio_kubelet.events import Event, ManifestProblem, PodSetUpdate
 from trio_kubelet.model.pod import Pod
-from trio_kubelet.model.validation import describe_field_errors, validate_pod
+from trio_kubelet.model.validation import (
+    FieldError,
+    describe_field_errors,
+    dns1123_label_errors,
+    dns1123_subdomain_errors,
+    validate_pod,
+)
 from trio_kubelet.sources.manifest_decode import (
     MAX_MANIFEST_BYTES,
     PARSE_BUDGET_SECONDS,
@@ -85,10 +90,6 @@ CONFIG_HASH_ANNOTATION = "kubernetes.io/config.hash"
 CONFIG_SEEN_ANNOTATION = "kubernetes.io/config.seen"
 NO_EXECUTE_TOLERATION: Mapping[str, str] = {"operator": "Exists", "effect": "NoExecute"}
 
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
 # A manifest up to this size is read and parsed in the trio thread (a few milliseconds at
 # most); a bigger one in a worker thread. See ``run_static_files`` for why not always there.
 INLINE_PARSE_BYTES = 8 * 1024
@@ -160,6 +161,13 @@ def _with_no_execute_toleration(tolerations: Any) -> list[Any]:
     return [*tolerations, dict(NO_EXECUTE_TOLERATION)]
 
 
+def _check_name(field: str, value: str, errors: Callable[[str], list[str]]) -> None:
+    """The name as the API server checks it (before the node name is appended)."""
+    found = [FieldError(field, "Invalid value", value, message) for message in errors(value)]
+    if found:
+        raise _Rejected(describe_field_errors(found))
+
+
 def static_pod(
     document: Mapping[str, Any], location: str, node_name: str, *, source: str = SOURCE
 ) -> Pod:
@@ -178,11 +186,7 @@ def static_pod(
         raise _Rejected("metadata.name: required value")
     if not isinstance(name, str):
         raise _Rejected(f"metadata.name: expected a string, got {_shape(name)}")
-    if len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
-        raise _Rejected(
-            f"metadata.name: {_quote(name)} must be a lowercase RFC 1123 subdomain "
-            '(a-z, 0-9, "-" and ".")'
-        )
+    _check_name("metadata.name", name, dns1123_subdomain_errors)
     full_name = f"{name}-{node_name}"
     if len(full_name) > 253:
         raise _Rejected(
@@ -191,11 +195,7 @@ def static_pod(
     namespace = meta.get("namespace") or "default"
     if not isinstance(namespace, str):
         raise _Rejected(f"metadata.namespace: expected a string, got {_shape(namespace)}")
-    if len(namespace) > 63 or not _DNS1123_LABEL.match(namespace):
-        raise _Rejected(
-            f"metadata.namespace: {_quote(namespace)} must be a lowercase RFC 1123 label "
-            '(a-z, 0-9, "-")'
-        )
+    _check_name("metadata.namespace", namespace, dns1123_label_errors)
     uid = meta.get("uid") or static_pod_uid(node_name, location, namespace, name, source)
     if not isinstance(uid, str):
         raise _Rejected(f"metadata.uid: expected a string, got {_shape(uid)}")
