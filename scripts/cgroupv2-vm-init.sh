@@ -1,12 +1,13 @@
 #!/bin/busybox sh
-# PID 1 of the cgroup v2 test VM that scripts/cgroupv2-vm boots (busybox sh, POSIX only).
+# PID 1 of the cgroup v2 test VM that scripts/cgroupv2-vm boots (busybox sh).
 #
 # stage 1 (in the initramfs): load the virtio/9p/overlay modules, mount the host's root (9p tag
-#   "root", read-only) under a tmpfs overlay, switch_root into it and run this file again as
-# stage 2 (on that root, the host's userland): proc, sys, cgroup2 (unified only) at /sys/fs/cgroup,
-#   tmpfs /tmp and /run, the kernel's modules at /lib/modules/$(uname -r), the writable 9p share
-#   "out" at the host's path of it, loopback up; run OUT/command, write its exit status to
-#   OUT/exit-status (and a marker line on the console), then power off.
+#   "root", read-only) under a tmpfs overlay, move proc, sys and dev onto it, switch_root into it
+#   and run this file again as
+# stage 2 (on that root, the host's userland): cgroup2 (unified only) at /sys/fs/cgroup, tmpfs
+#   /tmp (and /run, from stage 1), the kernel's modules at /lib/modules/$(uname -r), the writable
+#   9p share "out" at the host's path of it, loopback up; run OUT/command, write its exit status
+#   to OUT/exit-status (and a marker line on the console), then power off.
 #
 # Parameters come from the kernel command line: tkvm.out=HOST_OUT_DIR tkvm.modules=HOST_MODULES_DIR.
 
