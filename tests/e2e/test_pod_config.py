@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from tests.containerd_fixture import Containerd
-from tests.e2e.agent import PODS, AgentProcess, Api, node_admin, node_agent, pod_manifest
+from tests.e2e.agent import (
+    PODS,
+    AgentProcess,
+    Api,
+    container_status,
+    node_admin,
+    node_agent,
+    pod_manifest,
+)
 from tests.e2e.conftest import ControlPlane
 
 NODE = "config-node"
@@ -140,3 +148,61 @@ def test_service_links_reach_the_environment(
         assert not any(name.startswith("LINKS_DEMO_") for name in env), sorted(env)
     finally:
         api.delete(f"{NS}/services/links-demo")
+
+
+def test_env_from_takes_every_key_and_a_missing_source_is_a_config_error(
+    agent: AgentProcess, api: Api, containerd: Containerd
+) -> None:
+    """envFrom as the NodeConformance specs use it ("should be consumable via the
+    environment"): keys with hyphens, with and without a prefix, an optional source that
+    does not exist; and a required one that does not exist, reported as Go reports it.
+
+    The container runs busybox's ``env`` itself: Debian's busybox ``sh`` drops names that
+    are not shell identifiers (``data-1``) from the environment it hands on, so ``sh -c env``
+    would hide what the agent passed.
+    """
+    api.create(f"{NS}/configmaps", {"metadata": {"name": "env-config"},
+                                    "data": {"data-1": "value-1", "data-2": "value-2"}})
+    api.create(f"{NS}/secrets", {"metadata": {"name": "env-secret"},
+                                 "stringData": {"secret-1": "s", "1234": "digits"}})
+    try:
+        manifest = pod_manifest("env-from", NODE, containerd.BUSYBOX_TAGGED, ["env"],
+                                restartPolicy="Never")
+        manifest["spec"]["containers"][0]["envFrom"] = [
+            {"configMapRef": {"name": "env-config"}},
+            {"prefix": "p-", "configMapRef": {"name": "env-config"}},
+            {"secretRef": {"name": "env-secret"}},
+            {"configMapRef": {"name": "env-absent", "optional": True}},
+        ]
+        api.create(PODS, manifest)
+        api.wait(f"{PODS}/env-from", lambda p: bool(p) and p["status"].get("phase") == "Succeeded",
+                 what="env-from Succeeded")
+        env = dict(line.split("=", 1) for line in log_lines(api, "env-from") if "=" in line)
+        # "1234" is no C identifier: Go >= 1.34 passes it on all the same.
+        assert {k: env.get(k) for k in ("data-1", "data-2", "p-data-1", "p-data-2",
+                                        "secret-1", "1234")} == {
+            "data-1": "value-1", "data-2": "value-2", "p-data-1": "value-1",
+            "p-data-2": "value-2", "secret-1": "s", "1234": "digits"}, env
+
+        manifest = pod_manifest("env-missing", NODE, containerd.BUSYBOX_TAGGED, ["env"],
+                                restartPolicy="Never")
+        manifest["spec"]["containers"][0]["envFrom"] = [{"secretRef": {"name": "env-nothing"}}]
+        uid = api.create(PODS, manifest)["metadata"]["uid"]
+        pod = api.wait(
+            f"{PODS}/env-missing",
+            lambda p: (container_status(p).get("state") or {}).get("waiting", {}).get("reason")
+            == "CreateContainerConfigError",
+            what="env-missing waiting with CreateContainerConfigError",
+        )
+        waiting = container_status(pod)["state"]["waiting"]
+        assert waiting["message"] == 'secret "env-nothing" not found'
+        api.wait(
+            f"{NS}/events?fieldSelector=involvedObject.uid={uid},reason=Failed",
+            lambda events: any(e["message"] == 'Error: secret "env-nothing" not found'
+                               for e in (events or {}).get("items", [])),
+            timeout=20,
+            what="the Failed event",
+        )
+    finally:
+        api.delete(f"{NS}/configmaps/env-config")
+        api.delete(f"{NS}/secrets/env-secret")

@@ -13,11 +13,9 @@ from hypothesis import strategies as st
 
 from trio_kubelet.core.env import (
     EnvError,
-    InvalidEnvNames,
     container_env,
     expand,
     expand_command,
-    invalid_env_from_names,
     service_env_vars,
 )
 from trio_kubelet.core.objects import (
@@ -382,36 +380,21 @@ def test_env_from_config_map_and_secret_with_prefix_and_overrides() -> None:
                                     ("Secret", "default", "creds")]
 
 
-def test_env_from_skips_invalid_names_and_reports_them() -> None:
+def test_env_from_takes_every_key_whatever_its_form() -> None:
+    """Go >= 1.34 (RelaxedEnvironmentVariableValidation GA) skips no key and reports nothing:
+    keys that are not C identifiers (hyphens, dots, a leading digit) reach the container."""
     lookup = Objects(dict([
-        config_map("cfg", {"1badkey": "x", "good": "y", "2alsobad": "z", "dotted.name-ok": "w"}),
-        secret("s", {"with space": "v", "fine": "ok"}),
+        config_map("cfg", {"data-1": "value-1", "1234": "abc", "dotted.name": "w"}),
+        secret("s", {"data-1": "value-1\n"}),
     ]))
     pod = with_env(env_from=[{"configMapRef": {"name": "cfg"}},
-                             {"prefix": "P_", "configMapRef": {"name": "cfg"}},
-                             {"secretRef": {"name": "s"}}])
-    assert dict(env_of(pod, lookup)) == {
-        "dotted.name-ok": "w", "good": "y",
-        "P_1badkey": "x", "P_2alsobad": "z", "P_dotted.name-ok": "w", "P_good": "y",
-        "fine": "ok",
-    }
-    reports = invalid_env_from_names(pod, pod.spec.containers[0], lookup=lookup)
-    assert reports == [
-        InvalidEnvNames("ConfigMap", "default", "cfg", ("1badkey", "2alsobad")),
-        InvalidEnvNames("Secret", "default", "s", ("with space",)),
+                             {"prefix": "p-", "secretRef": {"name": "s"}},
+                             {"prefix": "p_", "configMapRef": {"name": "cfg"}}])
+    assert env_of(pod, lookup) == [
+        ("1234", "abc"), ("data-1", "value-1"), ("dotted.name", "w"),
+        ("p-data-1", "value-1\n"),
+        ("p_1234", "abc"), ("p_data-1", "value-1"), ("p_dotted.name", "w"),
     ]
-    assert reports[0].reason == "InvalidEnvironmentVariableNames"
-    assert reports[0].message == (
-        "Keys [1badkey, 2alsobad] from the EnvFrom configMap default/cfg were skipped "
-        "since they are considered invalid environment variable names.")
-    assert reports[1].message.startswith("Keys [with space] from the EnvFrom secret default/s")
-
-
-def test_invalid_names_ignore_missing_and_unavailable_sources() -> None:
-    lookup = Objects(unavailable=frozenset({"down"}))
-    pod = with_env(env_from=[{"configMapRef": {"name": "gone"}},
-                             {"secretRef": {"name": "down"}}])
-    assert invalid_env_from_names(pod, pod.spec.containers[0], lookup=lookup) == []
 
 
 @pytest.mark.parametrize("ref, message", [

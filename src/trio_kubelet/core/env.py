@@ -33,8 +33,6 @@ from trio_kubelet.model.quantity import QuantityError, parse_quantity
 
 CREATE_CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
 
-# IsEnvVarName from k8s.io/apimachinery/pkg/util/validation.
-_ENV_VAR_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -60,27 +58,6 @@ class EnvError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-
-@dataclass(frozen=True, slots=True)
-class InvalidEnvNames:
-    """envFrom keys dropped because they are not variable names; reported as a pod event."""
-
-    reason: ClassVar[str] = "InvalidEnvironmentVariableNames"
-
-    kind: ObjectKind
-    namespace: str
-    name: str
-    keys: tuple[str, ...]
-
-    @property
-    def message(self) -> str:
-        source = "configMap" if self.kind == "ConfigMap" else "secret"
-        return (
-            f"Keys [{', '.join(self.keys)}] from the EnvFrom {source} "
-            f"{self.namespace}/{self.name} were skipped since they are considered "
-            "invalid environment variable names."
-        )
 
 
 def expand(text: str, mapping: Mapping[str, str]) -> str:
@@ -144,9 +121,7 @@ def container_env(
     objects = _Objects(lookup, pod.metadata.namespace)
     defined: dict[str, str] = {}
     for source in container.env_from:
-        read = _read_env_from(source, objects)
-        if read is not None:
-            defined.update((k, v) for k, v in read.values.items() if _ENV_VAR_NAME.match(k))
+        defined.update(_read_env_from(source, objects))
     resolver = _Resolver(
         pod, container, objects, _Addresses(pod_ip, pod_ips, host_ip, host_ips), node_allocatable
     )
@@ -161,29 +136,6 @@ def container_env(
             defined[var.name] = value
     services = sorted((k, v) for k, v in service_env.items() if k not in defined)
     return [*defined.items(), *services]
-
-
-def invalid_env_from_names(
-    pod: Pod, container: Container, *, lookup: ObjectLookup
-) -> list[InvalidEnvNames]:
-    """The envFrom keys ``container_env`` skipped, one entry per source, for the warning event.
-
-    Meant to be called once ``container_env`` succeeded: objects that are missing or
-    unavailable name no keys here (they were ``container_env``'s error to report).
-    """
-    objects = _Objects(lookup, pod.metadata.namespace)
-    found: list[InvalidEnvNames] = []
-    for source in container.env_from:
-        try:
-            read = _read_env_from(source, objects)
-        except EnvError:
-            continue
-        if read is None:
-            continue
-        invalid = tuple(sorted(k for k in read.values if not _ENV_VAR_NAME.match(k)))
-        if invalid:
-            found.append(InvalidEnvNames(read.kind, pod.metadata.namespace, read.name, invalid))
-    return found
 
 
 def pod_service_env(pod: Pod, lookup: ObjectLookup) -> dict[str, str]:
@@ -265,13 +217,6 @@ def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-@dataclass(frozen=True, slots=True)
-class _EnvFromRead:
-    kind: ObjectKind
-    name: str
-    values: dict[str, str]
-
-
 class _Objects:
     """Reads each object once per call, as the Go kubelet caches them while building the env."""
 
@@ -318,19 +263,20 @@ def _optional(ref: Mapping[str, Any]) -> bool:
     return ref.get("optional") is True
 
 
-def _read_env_from(source: Mapping[str, Any], objects: _Objects) -> _EnvFromRead | None:
-    """One envFrom entry's prefixed keys, valid or not; None when optional and missing."""
+def _read_env_from(source: Mapping[str, Any], objects: _Objects) -> dict[str, str]:
+    """One envFrom entry's keys, prefixed; none when the object is optional and missing.
+
+    Every key is taken, whatever its form: since RelaxedEnvironmentVariableValidation
+    (GA in 1.34) the Go kubelet no longer skips keys that are not C identifiers, and the
+    API server's key validation already rules out ``=`` and empty keys.
+    """
     for field_name, kind in _ENV_FROM_SOURCES:
         ref = source.get(field_name)
         if isinstance(ref, Mapping):
-            name = str(ref.get("name", ""))
-            data = objects.data(kind, name, optional=_optional(ref))
-            if data is None:
-                return None
+            data = objects.data(kind, str(ref.get("name", "")), optional=_optional(ref)) or {}
             prefix = str(source.get("prefix") or "")
-            values = {prefix + key: data[key] for key in sorted(data)}
-            return _EnvFromRead(kind, name, values)
-    return None
+            return {prefix + key: data[key] for key in sorted(data)}
+    return {}
 
 
 @dataclass(frozen=True, slots=True)

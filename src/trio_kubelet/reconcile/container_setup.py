@@ -19,11 +19,9 @@ from trio_kubelet.core.env import (
     EnvError,
     container_env,
     expand_command,
-    invalid_env_from_names,
 )
 from trio_kubelet.core.objects import ObjectLookup
 from trio_kubelet.core.pod_dns import DNSSettings
-from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.model.pod import Container, Pod
 from trio_kubelet.runtime import configs
 from trio_kubelet.runtime.client import CRIClient
@@ -62,7 +60,6 @@ class NodeFacts:
 
 async def prepare_container(
     client: CRIClient,
-    events: EventRecorder,
     lookup: ObjectLookup,
     node: NodeFacts,
     pod: Pod,
@@ -121,8 +118,6 @@ async def prepare_container(
         raise ContainerConfigError(err.message) from None
     except (EnvError, SecurityContextError) as err:
         raise ContainerConfigError(str(err)) from None
-    for invalid in invalid_env_from_names(pod, container, lookup=lookup):
-        events.pod_event(pod, "Warning", invalid.reason, invalid.message, container.name)
     return config
 
 

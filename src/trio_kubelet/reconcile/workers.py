@@ -526,7 +526,6 @@ class PodWorker:
         try:
             config = await prepare_container(
                 ctx.client,
-                ctx.events,
                 ctx.objects.lookup if ctx.objects is not None else no_objects,
                 ctx.node,
                 pod,
