@@ -210,3 +210,52 @@ def test_kubelet_api_asks_the_api_server_who_may_do_what(
     assert as_user("admin") == 200  # system:masters
     assert as_user(None) == 401  # anonymous authentication is off
     assert as_user("node-other-node") == 403  # another node may not proxy to this one
+
+
+def test_readiness_gates_decide_ready_with_the_containers(
+    agent: AgentProcess, api: Api, containerd: Containerd
+) -> None:
+    """The NodeConformance spec "Pods should support pod readiness gates", step by step:
+    the gates' conditions are patched by someone else (here the admin), strategically as a
+    controller does; Ready follows within seconds each time, and the agent's own status
+    patches never drop the gates' conditions."""
+    gates = ["k8s.io/test-condition1", "k8s.io/test-condition2"]
+    manifest = pod_manifest("gated", NODE, containerd.BUSYBOX_TAGGED, ["sleep", "3600"],
+                            readinessGates=[{"conditionType": gate} for gate in gates])
+    api.create(PODS, manifest)
+    path = f"{PODS}/gated"
+
+    def ready_is(status: str, message: str | None = None) -> JSON | None:
+        def check(pod: JSON | None) -> bool:
+            ready = next((c for c in ((pod or {}).get("status") or {}).get("conditions") or []
+                          if c["type"] == "Ready"), {})
+            return ready.get("status") == status and (
+                message is None or ready.get("message") == message)
+        return api.wait(path, check, timeout=20, what=f"Ready={status} {message or ''}")
+
+    def set_gate(gate: str, status: str) -> None:
+        patch = {"status": {"conditions": [{"type": gate, "status": status}]}}
+        api.client.patch(
+            f"{path}/status", json=patch,
+            headers={"Content-Type": "application/strategic-merge-patch+json"},
+        ).raise_for_status()
+
+    pod = ready_is("False", 'corresponding condition of pod readiness gate "k8s.io/test-condition1"'
+                   ' does not exist., corresponding condition of pod readiness gate '
+                   '"k8s.io/test-condition2" does not exist.')
+    assert condition(pod, "ContainersReady") == "True"
+    assert next(c for c in pod["status"]["conditions"]
+                if c["type"] == "Ready")["reason"] == "ReadinessGatesNotReady"
+
+    set_gate(gates[0], "True")
+    ready_is("False", 'corresponding condition of pod readiness gate "k8s.io/test-condition2"'
+             ' does not exist.')
+    set_gate(gates[1], "True")
+    pod = ready_is("True")
+    assert condition(pod, gates[0]) == condition(pod, gates[1]) == "True"
+    set_gate(gates[0], "False")
+    ready_is("False", 'the status of pod readiness gate "k8s.io/test-condition1" is not "True",'
+             ' but False')
+    time.sleep(3)  # a few status rounds of the agent: the gates' conditions stay as set
+    pod = api.get(path)
+    assert (condition(pod, gates[0]), condition(pod, gates[1])) == ("False", "True")

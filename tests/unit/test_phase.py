@@ -383,3 +383,46 @@ def test_qos_class_and_kept_foreign_conditions() -> None:
     status = compute_pod_status(pod, runtime(), now=NOW)
     assert status.qos_class == "Guaranteed"
     assert status.conditions[0].type == "example.com/gate"
+
+
+def gated_pod(**gate_status: str) -> Pod:
+    """A pod gated on example.com/a and example.com/b, with those of the conditions given."""
+    pod = make_pod(readinessGates=[{"conditionType": "example.com/a"},
+                                   {"conditionType": "example.com/b"}])
+    pod.status = PodStatus(conditions=[
+        PodCondition(type=f"example.com/{name}", status=value)
+        for name, value in gate_status.items()
+    ])
+    return pod
+
+
+def test_readiness_gates_hold_ready_until_each_condition_is_true() -> None:
+    ready_runtime = runtime(instance("app", "c1"))
+    unset = conditions(compute_pod_status(gated_pod(), ready_runtime, now=NOW))
+    assert unset["ContainersReady"].status == "True"
+    assert (unset["Ready"].status, unset["Ready"].reason) == ("False", "ReadinessGatesNotReady")
+    assert unset["Ready"].message == (
+        'corresponding condition of pod readiness gate "example.com/a" does not exist., '
+        'corresponding condition of pod readiness gate "example.com/b" does not exist.')
+
+    half = conditions(compute_pod_status(gated_pod(a="True", b="False"), ready_runtime, now=NOW))
+    assert (half["Ready"].status, half["Ready"].message) == (
+        "False", 'the status of pod readiness gate "example.com/b" is not "True", but False')
+
+    both = compute_pod_status(gated_pod(a="True", b="True"), ready_runtime, now=NOW)
+    assert conditions(both)["Ready"].status == "True" and conditions(both)["Ready"].reason is None
+    # The gates' conditions are the pod's, shown as they are; the kubelet never sets them.
+    assert [c.type for c in both.conditions[:2]] == ["example.com/a", "example.com/b"]
+
+
+def test_unready_containers_speak_for_ready_before_the_gates() -> None:
+    status = compute_pod_status(gated_pod(), runtime(sandboxes=()), now=NOW)
+    ready = conditions(status)["Ready"]
+    assert (ready.status, ready.reason, ready.message) == (
+        "False", "ContainersNotReady", "containers with unready status: [app]")
+
+
+def test_a_gate_may_name_a_condition_the_kubelet_computes() -> None:
+    pod = make_pod(readinessGates=[{"conditionType": "Initialized"}])
+    status = compute_pod_status(pod, runtime(instance("app", "c1")), now=NOW)
+    assert conditions(status)["Ready"].status == "True"

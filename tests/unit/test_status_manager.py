@@ -13,7 +13,7 @@ from trio_kubelet.apiserver.client import APIClient
 from trio_kubelet.apiserver.kubeconfig import Connection
 from trio_kubelet.model.pod import PodStatus
 from trio_kubelet.sources.apiserver import APIPods, pod_to_run
-from trio_kubelet.status.manager import StatusManager, desired_status
+from trio_kubelet.status.manager import StatusManager, desired_status, status_patch
 from trio_kubelet.status.merge_patch import merge_patch
 from trio_kubelet.status.mirror import mirror_is_current, mirror_pod
 from trio_kubelet.status.store import PodStatusStore
@@ -70,13 +70,61 @@ def test_status_merge_keeps_foreign_conditions_and_fields() -> None:
     assert wanted == {
         "phase": "Running",
         "nominatedNodeName": "n",
-        "conditions": [
+        "conditions": [  # the API's order, ours that it lacks last
             {"type": "PodScheduled", "status": "True"},
-            {"type": "Ready", "status": "True"},
             {"type": "example.com/gate", "status": "False"},
+            {"type": "Ready", "status": "True"},
         ],
     }
     assert merge_patch(api, wanted)["message"] is None  # a stale message is cleared
+
+
+def test_a_readiness_gate_condition_stays_as_the_api_has_it() -> None:
+    """Ours shows the gate as the worker last saw it; the API's newer copy is kept."""
+    api = {"conditions": [{"type": "example.com/gate", "status": "True"}]}
+    ours = {"conditions": [{"type": "example.com/gate", "status": "False"},
+                           {"type": "Ready", "status": "False"},
+                           {"type": "DisruptionTarget", "status": "True"}]}
+    wanted = desired_status(api, ours)
+    assert wanted is not None and wanted["conditions"] == [
+        {"type": "example.com/gate", "status": "True"},
+        {"type": "Ready", "status": "False"},
+        {"type": "DisruptionTarget", "status": "True"},  # shared: an eviction sets it
+    ]
+
+
+def test_the_status_patch_sends_only_the_changed_conditions_merged_by_type() -> None:
+    """A strategic merge: a condition set by someone else after ``old`` was read survives,
+    a changed condition loses the fields it no longer has, IP lists are replaced whole."""
+    old = {
+        "phase": "Pending",
+        "podIPs": [{"ip": "10.0.0.5"}],
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Ready", "status": "False", "reason": "ContainersNotReady", "message": "m"},
+            {"type": "example.com/gate", "status": "True"},
+        ],
+    }
+    new = {
+        "phase": "Running",
+        "podIPs": [{"ip": "10.0.0.6"}],
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Ready", "status": "True"},
+            {"type": "example.com/gate", "status": "True"},
+            {"type": "Initialized", "status": "True"},
+        ],
+    }
+    assert status_patch(old, new) == {
+        "phase": "Running",
+        "podIPs": [{"$patch": "replace"}, {"ip": "10.0.0.6"}],
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": None, "message": None},
+            {"type": "Initialized", "status": "True"},
+        ],
+    }
+    reordered = {**old, "conditions": old["conditions"][::-1]}
+    assert status_patch(old, reordered) == {}  # the server keeps its order
 
 
 def test_terminal_phase_in_the_api_never_regresses() -> None:
@@ -107,6 +155,26 @@ def test_status_only_changes_do_not_change_the_pod_to_run() -> None:
     second["metadata"]["resourceVersion"] = "8"
     assert pod_to_run(first) == pod_to_run(second)
     assert pod_to_run(first).metadata.annotations["kubernetes.io/config.source"] == "api"
+
+
+def test_the_pod_to_run_carries_its_readiness_gates_conditions_only() -> None:
+    """A gate's condition decides Ready, so its change is a change of the pod to run."""
+    def gated(gate_status: str) -> dict[str, Any]:
+        pod = api_pod()
+        pod["spec"]["readinessGates"] = [{"conditionType": "example.com/gate"}]
+        pod["status"] = {"phase": "Running", "conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "example.com/gate", "status": gate_status},
+        ]}
+        return pod
+
+    run = pod_to_run(gated("False"))
+    assert [(c.type, c.status) for c in run.status.conditions] == [("example.com/gate", "False")]
+    assert run.status.phase == "Pending"  # nothing else of the status
+    assert pod_to_run(gated("True")) != run
+    ours_changed = gated("False")
+    ours_changed["status"]["conditions"][0]["status"] = "False"
+    assert pod_to_run(ours_changed) == run
 
 
 def test_api_pods_set_aside_mirrors_and_reject_invalid_pods() -> None:

@@ -50,6 +50,7 @@ KUBELET_CONDITIONS = frozenset(
 )
 CONTAINER_CREATING = "ContainerCreating"
 POD_INITIALIZING = "PodInitializing"
+READINESS_GATES_NOT_READY = "ReadinessGatesNotReady"
 STATUS_UNKNOWN_REASON = "ContainerStatusUnknown"
 # What all the terminated messages of one pod's status may add up to (kubecontainer).
 MAX_POD_TERMINATION_MESSAGE_BYTES = 12 * 1024
@@ -438,10 +439,32 @@ def _containers_ready_condition(
     return PodCondition(type="ContainersReady", status="True")
 
 
-def _ready_condition(containers_ready: PodCondition) -> PodCondition:
-    # Readiness gates are not modelled yet; Ready follows ContainersReady.
-    return PodCondition(type="Ready", status=containers_ready.status,
-                        reason=containers_ready.reason, message=containers_ready.message)
+def _ready_condition(
+    pod: Pod, containers_ready: PodCondition, conditions: Sequence[PodCondition]
+) -> PodCondition:
+    """``GeneratePodReadyCondition``: Ready when the containers are ready and every
+    readiness gate's condition (looked up in ``conditions``) is True.
+
+    Until the containers are ready, Ready repeats ContainersReady's status, reason and
+    message; the gates speak only after that.
+    """
+    if containers_ready.status != "True":
+        return PodCondition(type="Ready", status=containers_ready.status,
+                            reason=containers_ready.reason, message=containers_ready.message)
+    by_type = {condition.type: condition for condition in conditions}
+    unready = []
+    for gate in pod.spec.readiness_gates:
+        found = by_type.get(gate.condition_type)
+        if found is None:
+            unready.append(f'corresponding condition of pod readiness gate '
+                           f'"{gate.condition_type}" does not exist.')
+        elif found.status != "True":
+            unready.append(f'the status of pod readiness gate "{gate.condition_type}" '
+                           f'is not "True", but {found.status}')
+    if unready:
+        return PodCondition(type="Ready", status="False", reason=READINESS_GATES_NOT_READY,
+                            message=", ".join(unready))
+    return PodCondition(type="Ready", status="True")
 
 
 def _with_transition_times(
@@ -474,11 +497,15 @@ def _conditions(
         status="False" if sandbox.create else "True",
         message=sandbox.reason or None,
     )
+    initialized = _initialized_condition(pod, statuses, phase)
     containers_ready = _containers_ready_condition(pod, statuses, phase)
+    # The gates are read from the conditions so far, as Go's generateAPIPodStatus does:
+    # the pod's own (a controller's, the readiness gates') and the two computed above.
+    ready = _ready_condition(pod, containers_ready, [*kept, ready_to_start, initialized])
     owned = [
         ready_to_start,
-        _initialized_condition(pod, statuses, phase),
-        _ready_condition(containers_ready),
+        initialized,
+        ready,
         containers_ready,
         PodCondition(type="PodScheduled", status="True"),
     ]

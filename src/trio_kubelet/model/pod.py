@@ -341,6 +341,12 @@ class PodDNSConfig(KubeModel):
         return values
 
 
+class PodReadinessGate(KubeModel):
+    """A pod condition type that must be True, besides its containers, for the pod to be Ready."""
+
+    condition_type: str
+
+
 class PodSpec(KubeModel):
     containers: list[Container]
     init_containers: list[Container] = Field(default_factory=list)
@@ -367,6 +373,7 @@ class PodSpec(KubeModel):
     enable_service_links: bool = True
     scheduler_name: str = "default-scheduler"
     runtime_class_name: str | None = None
+    readiness_gates: list[PodReadinessGate] = Field(default_factory=list)
 
     @field_validator("hostname", "subdomain")
     @classmethod

@@ -4,7 +4,8 @@ Sends the complete set as ``PodSetUpdate(source="api")`` after every change, as 
 static source does, so the sync loop's PodConfig applies the same SET semantics to
 both. What the reconciler compares is the pod without its status and bookkeeping
 fields: the agent's own status patches come back through the watch and must not
-look like new specs (Go's PodConfig ignores status-only updates the same way).
+look like new specs (Go's PodConfig ignores status-only updates the same way). The
+one exception is the conditions the pod's readiness gates name, which decide Ready.
 
 Mirror pods (the API copies of static pods) are not run: they are kept aside for
 the mirror-pod manager. The API's view of each pod's status is kept for the status
@@ -116,11 +117,36 @@ class APIPods:
 
 
 def pod_to_run(obj: Mapping[str, Any]) -> Pod:
-    """The pod as the reconciler sees it: no status, no API bookkeeping, source annotated."""
+    """The pod as the reconciler sees it: no API bookkeeping, source annotated, and of its
+    status only the conditions its readiness gates name (see ``_gate_conditions``)."""
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in _BOOKKEEPING}
     meta["annotations"] = {**(meta.get("annotations") or {}), CONFIG_SOURCE_ANNOTATION: API_SOURCE}
     body = {k: v for k, v in obj.items() if k != "status"}
+    conditions = _gate_conditions(obj)
+    if conditions:
+        body["status"] = {"conditions": conditions}
     return Pod.model_validate({**body, "metadata": meta})
+
+
+def _gate_conditions(obj: Mapping[str, Any]) -> list[Any]:
+    """The pod's status conditions whose types its ``readinessGates`` name.
+
+    Someone other than the kubelet sets them, and Ready depends on them: a change must
+    reach the pod's worker as a change of the pod (Go's HandlePodReconcile syncs a pod
+    whose readiness needs reconciling). No other part of the status is kept, so the
+    agent's own status patches never look like new specs.
+    """
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    gates = {
+        gate.get("conditionType")
+        for gate in spec.get("readinessGates") or []
+        if isinstance(gate, Mapping)
+    }
+    return [
+        condition
+        for condition in status.get("conditions") or []
+        if isinstance(condition, Mapping) and condition.get("type") in gates
+    ]
 
 
 class _Handler:

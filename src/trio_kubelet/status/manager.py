@@ -1,7 +1,7 @@
 """The status manager: the API server learns each pod's status from here, and only changes.
 
 The pod workers publish statuses to the ``PodStatusStore``; this task turns them into
-``pods/<name>/status`` merge patches (with the pod's UID as a precondition, so a
+``pods/<name>/status`` strategic merge patches (with the pod's UID as a precondition, so a
 recreated pod of the same name is never overwritten). It merges rather than replaces:
 conditions owned by others (a scheduler's, a readiness gate's) and fields the agent
 does not manage are kept. A terminal phase in the API is never regressed.
@@ -20,6 +20,8 @@ from typing import Any
 from trio_kubelet.apiserver.client import JSON, APIClient
 from trio_kubelet.apiserver.errors import APIError, Conflict, Forbidden, NotFound, Unreachable
 from trio_kubelet.apiserver.resync import resync_forever
+from trio_kubelet.core.eviction import DISRUPTION_TARGET
+from trio_kubelet.core.phase import KUBELET_CONDITIONS
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.sources.apiserver import APIPods, RejectedPod
 from trio_kubelet.status.merge_patch import merge_patch
@@ -49,6 +51,9 @@ KUBELET_FIELDS = frozenset(
     }
 )
 UNSUPPORTED_REASON = "UnsupportedPodSpec"
+# The conditions the kubelet writes: its own, and DisruptionTarget, which it shares (an
+# eviction sets it). Any other condition in a status is someone else's to set.
+WRITTEN_CONDITIONS = KUBELET_CONDITIONS | {DISRUPTION_TARGET}
 
 
 def desired_status(api_status: JSON, ours: JSON) -> JSON | None:
@@ -61,11 +66,43 @@ def desired_status(api_status: JSON, ours: JSON) -> JSON | None:
         return None
     merged = {k: v for k, v in api_status.items() if k not in KUBELET_FIELDS}
     merged.update(ours)
-    own_types = {c.get("type") for c in ours.get("conditions", [])}
-    kept = [c for c in api_status.get("conditions", []) if c.get("type") not in own_types]
-    if kept or "conditions" in ours:
-        merged["conditions"] = [*ours.get("conditions", []), *kept]
+    # Ours may carry others' conditions as the pod showed them (readiness gates); the
+    # API's copy of those is newer (Go's mergePodStatus). The API's order is kept, ours
+    # that it lacks go last: the order the API server gives a strategic merge.
+    own = {c.get("type"): c for c in ours.get("conditions", [])}
+    own = {kind: c for kind, c in own.items() if kind in WRITTEN_CONDITIONS}
+    conditions = [own.pop(c.get("type"), c) for c in api_status.get("conditions", [])]
+    conditions += own.values()
+    if conditions or "conditions" in ours:
+        merged["conditions"] = conditions
     return merged
+
+
+def status_patch(old: JSON, new: JSON) -> JSON:
+    """The strategic merge patch turning the API's status ``old`` into ``new`` (Go's status
+    manager sends one as well).
+
+    It is the JSON merge patch, except for the lists the API server merges by key: only the
+    conditions that changed are sent, each as a patch of its own entry (so one set by
+    someone else meanwhile, a readiness gate's, is never overwritten or dropped), and the
+    pod's and host's IP lists are replaced whole.
+    """
+    patch = merge_patch(old, new)
+    if isinstance(patch.get("conditions"), list):
+        before = {c.get("type"): c for c in old.get("conditions", [])}
+        changed = [
+            {"type": c.get("type"), **merge_patch(before.get(c.get("type"), {}), c)}
+            for c in new.get("conditions", [])
+            if before.get(c.get("type")) != c
+        ]
+        if changed:
+            patch["conditions"] = changed
+        else:
+            del patch["conditions"]
+    for key in ("podIPs", "hostIPs"):
+        if isinstance(patch.get(key), list):
+            patch[key] = [{"$patch": "replace"}, *patch[key]]
+    return patch
 
 
 def rejected_status(rejected: RejectedPod, now: str) -> JSON:
@@ -156,10 +193,10 @@ class StatusManager:
         )
 
     async def _patch(self, namespace: str, name: str, uid: str, old: JSON, new: JSON) -> None:
-        patch: dict[str, Any] = {"metadata": {"uid": uid}, "status": merge_patch(old, new)}
+        patch: dict[str, Any] = {"metadata": {"uid": uid}, "status": status_patch(old, new)}
         path = f"/api/v1/namespaces/{namespace}/pods/{name}/status"
         try:
-            answer = await self.client.patch(path, patch, kind="merge")
+            answer = await self.client.patch(path, patch, kind="strategic")
         except (NotFound, Conflict) as err:
             log.info("Not updating the status of pod %s/%s (%s): %s", namespace, name, uid, err)
             self._sent[uid] = new
