@@ -174,6 +174,45 @@ async def test_failing_init_container_blocks_and_fails_under_never(containerd, t
         assert "main" not in names
 
 
+async def test_containers_behind_a_failing_init_container_wait_as_pod_initializing(
+    containerd, tmp_path
+):
+    """As the NodeConformance spec "should not start app containers if init containers fail
+    on a RestartAlways pod" watches it: in every status published until the failing init
+    container has been restarted, the init container behind it and the app container wait
+    with reason PodInitializing."""
+    seen: list[tuple[str | None, str | None]] = []
+
+    def restarted(pod) -> bool:
+        statuses = {s.name: s for s in pod.status.init_container_statuses
+                    + pod.status.container_statuses}
+        if "init2" in statuses and "run1" in statuses:
+            seen.append(tuple(
+                statuses[n].state.waiting.reason if statuses[n].state.waiting else "not waiting"
+                for n in ("init2", "run1")))
+        return statuses["init1"].restart_count >= 1 if "init1" in statuses else False
+
+    async with running_agent(containerd.endpoint, tmp_path) as agent:
+        agent.write("initfail.yaml", """\
+            apiVersion: v1
+            kind: Pod
+            metadata: {name: initfail}
+            spec:
+              terminationGracePeriodSeconds: 2
+              initContainers:
+              - {name: init1, image: "busybox:1.36", command: ["false"]}
+              - {name: init2, image: "busybox:1.36", command: ["true"]}
+              containers:
+              - {name: run1, image: "busybox:1.36", command: ["sleep", "3600"]}
+            """)
+        pod = await agent.wait_for("initfail", restarted, timeout=60)
+    assert seen and set(seen) == {("PodInitializing", "PodInitializing")}, seen
+    assert container(pod, "init1").last_state.terminated.exit_code == 1
+    assert pod.status.phase == "Pending"
+    initialized = next(c for c in pod.status.conditions if c.type == "Initialized")
+    assert initialized.message == "containers with incomplete status: [init1 init2]"
+
+
 SIDECAR_POD = """\
 apiVersion: v1
 kind: Pod

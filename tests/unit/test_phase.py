@@ -289,9 +289,34 @@ def test_completed_init_container_is_ready_and_ignores_sync_errors() -> None:
     status = compute_pod_status(pod, rt, now=NOW, sync_errors={"setup": ("CrashLoopBackOff", "")})
     setup = status.init_container_statuses[0]
     assert setup.state.terminated is not None and setup.ready
+    # Go's default for a pod with init containers, done or not.
     assert status.container_statuses[0].state.waiting == ContainerStateWaiting(
-        reason="ContainerCreating")
+        reason="PodInitializing")
     assert conditions(status)["Initialized"].status == "True"
+
+
+def test_init_container_behind_a_failing_one_is_pod_initializing() -> None:
+    """The NodeConformance spec "should not start app containers if init containers fail
+    on a RestartAlways pod": every container not yet created waits with PodInitializing."""
+    pod = make_pod(["run1"], init=["init1", "init2"],
+                   ephemeralContainers=[{"name": "debug", "image": "busybox"}])
+    failed = runtime(instance("init1", "i1", RuntimeState.EXITED, exit_code=1, reason="Error"))
+    status = compute_pod_status(pod, failed, now=NOW)
+    init1, init2 = status.init_container_statuses
+    assert init1.state.terminated is not None and init1.state.terminated.exit_code == 1
+    for waiting_status in (init2, *status.container_statuses,
+                           *status.ephemeral_container_statuses):
+        assert waiting_status.state.waiting == ContainerStateWaiting(reason="PodInitializing")
+    backoff = compute_pod_status(pod, failed, now=NOW,
+                                 sync_errors={"init1": ("CrashLoopBackOff", "back-off")})
+    assert backoff.init_container_statuses[0].state.waiting == ContainerStateWaiting(
+        reason="CrashLoopBackOff", message="back-off")
+    assert backoff.init_container_statuses[1].state.waiting == ContainerStateWaiting(
+        reason="PodInitializing")
+    assert backoff.phase == "Pending"
+    initialized = conditions(backoff)["Initialized"]
+    assert (initialized.status, initialized.reason, initialized.message) == (
+        "False", "ContainersNotInitialized", "containers with incomplete status: [init1 init2]")
 
 
 def test_sidecar_must_be_ready_for_containers_ready() -> None:
@@ -370,8 +395,8 @@ def test_created_container_is_waiting_and_ephemeral_status() -> None:
     pod = make_pod(ephemeralContainers=[{"name": "debug", "image": "busybox"}])
     rt = runtime(instance("app", "c1", RuntimeState.CREATED), instance("debug", "d1"))
     status = compute_pod_status(pod, rt, now=NOW)
-    assert status.container_statuses[0].state.waiting == ContainerStateWaiting(
-        reason="ContainerCreating")
+    # Created, not started: waiting with no reason, as Go shows it.
+    assert status.container_statuses[0].state.waiting == ContainerStateWaiting()
     debug = status.ephemeral_container_statuses[0]
     assert debug.state.running is not None and not debug.ready and debug.started is None
 

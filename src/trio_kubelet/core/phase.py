@@ -235,8 +235,8 @@ def _runtime_state(
             message="The container could not be located when the pod was terminated",
         )
         return ContainerState(terminated=lost), old.restart_count + 1
-    reason = CONTAINER_CREATING if state is RuntimeState.CREATED else None
-    return ContainerState(waiting=ContainerStateWaiting(reason=reason)), instance.restart_count
+    # Created but not started, or unknown: waiting, with no reason (as Go).
+    return ContainerState(waiting=ContainerStateWaiting()), instance.restart_count
 
 
 def exit_message(pod: Pod, instance: RuntimeContainer) -> str:
@@ -367,16 +367,6 @@ def _container_statuses(
             _set_started_and_ready(ctx, container, status, regular_init)
         statuses.append(status)
     return statuses
-
-
-def _init_done(pod: Pod, init_statuses: Sequence[ContainerStatus], ctx: _Context) -> bool:
-    if any(c.name in ctx.instances for c in pod.spec.containers):
-        return True
-    for container, status in zip(pod.spec.init_containers, init_statuses, strict=True):
-        done = status.started if is_sidecar(container) else status.ready
-        if not done:
-            return False
-    return True
 
 
 # -- conditions ------------------------------------------------------------------------
@@ -570,16 +560,16 @@ def compute_pod_status(
     ctx = _Context(pod, runtime, _instances_by_name(runtime), runtime_name,
                    sync_errors, readiness, startup)
     spec = pod.spec
+    # Go's default for a container the runtime does not have (yet), of any kind: a pod
+    # with init containers shows PodInitializing, whether its init containers are done
+    # or not (convertToAPIContainerStatuses' hasInitContainers).
+    waiting = POD_INITIALIZING if spec.init_containers else CONTAINER_CREATING
     init_statuses = _container_statuses(
-        ctx, spec.init_containers, old.init_container_statuses, CONTAINER_CREATING, "init")
-    regular_reason = POD_INITIALIZING
-    if _init_done(pod, init_statuses, ctx):
-        regular_reason = CONTAINER_CREATING
+        ctx, spec.init_containers, old.init_container_statuses, waiting, "init")
     regular_statuses = _container_statuses(
-        ctx, spec.containers, old.container_statuses, regular_reason, "regular")
+        ctx, spec.containers, old.container_statuses, waiting, "regular")
     ephemeral_statuses = _container_statuses(
-        ctx, spec.ephemeral_containers, old.ephemeral_container_statuses,
-        CONTAINER_CREATING, "ephemeral")
+        ctx, spec.ephemeral_containers, old.ephemeral_container_statuses, waiting, "ephemeral")
     all_statuses = [*init_statuses, *regular_statuses]
     phase = get_phase(pod, all_statuses, pod_is_terminal=pod_is_terminal)
     phase = _sticky_phase(pod, phase, old)
