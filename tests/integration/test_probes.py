@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -158,6 +160,50 @@ async def test_http_and_tcp_probes(containerd, tmp_path):
         assert ready(pod, "web") and container(pod, "web").restart_count == 0
         assert running(pod, "missing-page") and not ready(pod, "missing-page")  # a 404
         assert running(pod, "closed-port") and not ready(pod, "closed-port")
+
+
+# Answers every request with what agnhost's /redirect?loc=http://0.0.0.0/ answers (the
+# NodeConformance spec's probe target): a 302 to another host. nc runs the script per
+# connection; it reads the request's head before answering.
+REDIRECT_BODY = '<a href="http://0.0.0.0/">Found</a>.'
+REDIRECT_SCRIPT = (
+    "while read -r l; do [ ${#l} -le 1 ] && break; done; "
+    'printf "HTTP/1.1 302 Found\\r\\nLocation: http://0.0.0.0/\\r\\n'
+    f'Content-Length: {len(REDIRECT_BODY)}\\r\\nConnection: close\\r\\n\\r\\n%s" '
+    f"'{REDIRECT_BODY}'"
+)
+REDIRECTOR = ["nc", "-ll", "-p", "8080", "-e", "sh", "-c", REDIRECT_SCRIPT]
+
+
+async def test_http_probe_redirected_to_another_host_succeeds_with_a_warning(
+    containerd, tmp_path, caplog
+):
+    """Go's prober stops at a redirect to another host: the liveness probe succeeds (no
+    restart, though one failure would kill) and each probe is a ProbeWarning event."""
+    caplog.set_level(logging.DEBUG, logger="trio_kubelet.kube_events")
+    manifest = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "redirected"},
+        "spec": {"terminationGracePeriodSeconds": 2, "containers": [{
+            "name": "web", "image": "busybox:1.36", "command": REDIRECTOR,
+            "livenessProbe": {"httpGet": {"path": "/redirect", "port": 8080},
+                              "periodSeconds": 1, "failureThreshold": 1},
+        }]},
+    }
+    async with running_agent(containerd.endpoint, tmp_path) as agent:
+        agent.write("redirected.yaml", json.dumps(manifest))
+        await agent.wait_for("redirected", lambda p: running(p, "web"), timeout=30)
+        with trio.fail_after(20):
+            while not (warnings := [
+                r.getMessage() for r in caplog.records
+                if r.name == "trio_kubelet.kube_events" and "ProbeWarning" in r.getMessage()
+            ]):
+                await trio.sleep(0.2)
+        await trio.sleep(3)  # a few more probes, each of which would kill on a failure
+        pod = agent.pod("redirected")
+    assert pod is not None and container(pod, "web").restart_count == 0
+    assert warnings[0].endswith(
+        f"ProbeWarning: Liveness probe warning: Probe terminated redirects, "
+        f"Response body: {REDIRECT_BODY}"), warnings
 
 
 @pytest.fixture

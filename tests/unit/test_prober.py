@@ -85,21 +85,31 @@ async def test_http_probe_outcomes(tmp_path):
         "/moved": answer("302 Found", headers="Location: /ok\r\n"),
         "/away": answer("302 Found", b"bye", headers="Location: http://example.invalid/\r\n"),
         "/loop": answer("302 Found", headers="Location: /loop\r\n"),
+        "/choices": answer("300 Multiple Choices", b"pick"),
     }
     async with http_server(routes, seen) as port, prober(tmp_path) as (p, _):
 
         async def get(path: str, **extra: object) -> tuple[ProbeResult, str]:
             action = HTTPGetAction.model_validate({"path": path, "port": port, **extra})
             outcome = await p.http_get(action, APP, "127.0.0.1", 1.0)
+            warned.append(outcome.warning)
             return outcome.result, outcome.output
 
+        warned: list[bool] = []
         assert await get("/ok") == (ProbeResult.SUCCESS, "fine")
         assert f"User-Agent: {USER_AGENT}" in seen[-1] and "Accept: */*" in seen[-1]
         assert await get("/err") == (ProbeResult.FAILURE,
                                      "HTTP probe failed with statuscode: 503")
         assert await get("/moved") == (ProbeResult.SUCCESS, "fine")  # same host: followed
-        result, output = await get("/away")  # another host: not followed, a success
-        assert result is ProbeResult.SUCCESS and output.startswith("Probe terminated redirects")
+        assert warned == [False, False, False]
+        # Another host: not followed, a success with a warning (Go's probe.Warning).
+        assert await get("/away") == (
+            ProbeResult.SUCCESS, "Probe terminated redirects, Response body: bye")
+        assert warned[-1]
+        # Any 3xx that ends the GET is one: Go's client follows none without a Location.
+        assert await get("/choices") == (
+            ProbeResult.SUCCESS, "Probe terminated redirects, Response body: pick")
+        assert warned[-1]
         assert await get("/loop") == (ProbeResult.FAILURE, "stopped after 10 redirects")
         result, output = await get("/slow")
         assert result is ProbeResult.FAILURE and "timeout" in output

@@ -213,6 +213,11 @@ class ProbeManager:
                      title, name, pod.full_name, outcome.output.strip())
             self._events.pod_event(pod, "Warning", "Unhealthy",
                                    f"{title} probe failed: {outcome.output}", name)
+        elif outcome.warning:
+            log.info("%s probe of container %s in pod %s succeeded with a warning: %s",
+                     title, name, pod.full_name, outcome.output.strip())
+            self._events.pod_event(pod, "Warning", "ProbeWarning",
+                                   f"{title} probe warning: {outcome.output}", name)
         if self._metrics is not None:
             meta = pod.metadata
             self._metrics.prober_probe_total.labels(

@@ -39,8 +39,12 @@ class ProbeError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ProbeOutcome:
+    """A probe's result and output; ``warning`` marks a success to report (Go's
+    probe.Warning: the prober records a ProbeWarning event and counts a success)."""
+
     result: ProbeResult
     output: str = ""
+    warning: bool = False
 
 
 def resolve_port(port: int | str, container: Container) -> int:
@@ -89,12 +93,11 @@ class RedirectLimitError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class HTTPAnswer:
-    """The response that ended a GET: status, start of body, and whether a redirect to
-    another host stopped it there."""
+    """The response that ended a GET: status and start of body (a redirect to another
+    host ends it too)."""
 
     status_code: int
     body: str
-    left_host: bool = False
 
 
 async def get_within_host(
@@ -113,7 +116,7 @@ async def get_within_host(
             return HTTPAnswer(response.status_code, body)
         target = response.url.join(location)
         if target.host != host:
-            return HTTPAnswer(response.status_code, body, left_host=True)
+            return HTTPAnswer(response.status_code, body)
         url = str(target)
     raise RedirectLimitError(f"stopped after {MAX_REDIRECTS} redirects")
 
@@ -185,7 +188,11 @@ class Prober:
     async def http_get(
         self, action: HTTPGetAction, container: Container, pod_ip: str, timeout: float
     ) -> ProbeOutcome:
-        """GET the URL: 200-399 succeeds; redirects are followed only within the same host."""
+        """GET the URL: 200-399 succeeds; redirects are followed only within the same host.
+
+        A 3xx that ends the GET (a redirect to another host, or one without a Location) is
+        a success with a warning, as Go's DoHTTPProbe.
+        """
         port = resolve_port(action.port, container)
         url = http_url(action, action.host or pod_ip, port)
         try:
@@ -199,12 +206,13 @@ class Prober:
             return ProbeOutcome(
                 ProbeResult.FAILURE, f'Get "{request_url(err, url)}": {err or type(err).__name__}'
             )
-        if answer.left_host:
-            # Go stops at a redirect to another host and reports a warning: success.
+        if 300 <= answer.status_code < 400:
             return ProbeOutcome(
-                ProbeResult.SUCCESS, f"Probe terminated redirects, Response body: {answer.body}"
+                ProbeResult.SUCCESS,
+                f"Probe terminated redirects, Response body: {answer.body}",
+                warning=True,
             )
-        if 200 <= answer.status_code < 400:
+        if 200 <= answer.status_code < 300:
             return ProbeOutcome(ProbeResult.SUCCESS, answer.body)
         return ProbeOutcome(
             ProbeResult.FAILURE, f"HTTP probe failed with statuscode: {answer.status_code}"
