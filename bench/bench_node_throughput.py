@@ -28,11 +28,16 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 from bench_steady_state import tree_version
+
+from trio_kubelet.volumes import mounter
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -95,22 +100,29 @@ class Watcher(threading.Thread):
                     self.running.setdefault(name, time.monotonic())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pods", type=int, default=100)
-    parser.add_argument("--rate", type=float, default=5.0, help="pods created per second")
-    parser.add_argument("--control-plane", type=Path, help="reuse a running control plane DIR")
-    args = parser.parse_args()
-    if os.geteuid() != 0 or shutil.which("containerd") is None:
-        print(json.dumps({"bench": "node_throughput", "skipped": "needs root and containerd"}))
-        return
-    work = Path(tempfile.mkdtemp(prefix="tk-bench-tp-"))
-    cp = args.control_plane or work / "cp"
+@dataclass
+class ClusterNode:
+    """A control plane, and trio-kubelet as node ``NODE`` on a private containerd."""
+
+    cp: Path
+    server: str
+    admin: httpx.Client
+    metrics_port: int  # the agent's read-only port
+    log: Path  # the agent's log
+
+
+@contextmanager
+def cluster_node(control_plane: Path | None) -> Iterator[ClusterNode]:
+    """Start (or reuse, at ``control_plane``) the control plane, a private containerd and the
+    agent; yield once the node is registered and the agent's metrics answer; tear down."""
+    work = Path(tempfile.mkdtemp(prefix="tk-bench-node-"))
+    cp = control_plane or work / "cp"
     server = control_plane_up(cp)
     subprocess.run([str(SCRIPTS / "containerd-env"), "start", str(work / "ctr")], check=True,
                    capture_output=True)
     endpoint = f"unix://{work / 'ctr' / 'containerd.sock'}"
     metrics_port = free_port()
+    log = work / "agent.log"
     agent = subprocess.Popen(
         [sys.executable, "-m", "trio_kubelet", "--kubeconfig", str(cp / f"node-{NODE}.kubeconfig"),
          "--hostname-override", NODE, "--node-ip", "127.0.0.1",
@@ -118,9 +130,7 @@ def main() -> None:
          "--pod-logs-dir", str(work / "logs"), "--port", str(free_port()),
          "--read-only-port", str(metrics_port), "--healthz-port", "0",
          "--client-ca-file", str(cp / "pki" / "ca.crt")],
-        stdout=(work / "agent.log").open("wb"), stderr=subprocess.STDOUT)
-    result: dict[str, Any] = {"bench": "node_throughput", "tree": tree_version(),
-                              "pods": args.pods, "rate": args.rate}
+        stdout=log.open("wb"), stderr=subprocess.STDOUT)
     try:
         with admin_client(cp, server) as admin:
             admin.post(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",
@@ -132,58 +142,89 @@ def main() -> None:
                 time.sleep(0.2)
             while True:
                 try:
-                    before = requests_total(metrics_port)
+                    requests_total(metrics_port)
                     break
                 except httpx.HTTPError:
                     time.sleep(0.2)
-            watcher = Watcher(admin_client(cp, server))
-            watcher.start()
-            created: dict[str, float] = {}
-            start = time.monotonic()
-            for i in range(args.pods):
-                name = f"tp-{i:04d}"
-                time.sleep(max(0.0, start + i / args.rate - time.monotonic()))
-                body = {"metadata": {"name": name}, "spec": {
-                    "nodeName": NODE, "terminationGracePeriodSeconds": 1,
-                    "automountServiceAccountToken": False,
-                    "containers": [{"name": "c", "image": IMAGE, "command": ["sleep", "3600"],
-                                    "imagePullPolicy": "IfNotPresent"}]}}
-                answer = admin.post(f"/api/v1/namespaces/{NAMESPACE}/pods", json=body)
-                answer.raise_for_status()
-                created[name] = time.monotonic()
-            deadline = time.monotonic() + 120
-            while len(watcher.running) < args.pods and time.monotonic() < deadline:
-                time.sleep(0.2)
-            latencies = [watcher.running[n] - t for n, t in created.items() if n in watcher.running]
-            after_running = requests_total(metrics_port)
-            watcher.stop = True
-            t_delete = time.monotonic()
-            for name in created:
-                admin.delete(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
-            while admin.get(f"/api/v1/namespaces/{NAMESPACE}/pods",
-                            params={"fieldSelector": f"spec.nodeName={NODE}"}).json()["items"]:
-                if time.monotonic() - t_delete > 180:
-                    break
-                time.sleep(0.5)
-            result.update({
-                "running": len(latencies),
-                "startup_p50_s": round(percentile(latencies, 0.5), 3),
-                "startup_p99_s": round(percentile(latencies, 0.99), 3),
-                "startup_max_s": round(max(latencies), 3),
-                "api_requests_per_pod_to_running": round((after_running - before) / args.pods, 2),
-                "api_requests_per_pod_total": round(
-                    (requests_total(metrics_port) - before) / args.pods, 2),
-                "delete_all_s": round(time.monotonic() - t_delete, 1),
-                "load_1m": os.getloadavg()[0],
-            })
+            yield ClusterNode(cp, server, admin, metrics_port, log)
     finally:
         agent.terminate()
         agent.wait(20)
+        # A stopped agent leaves pod volumes mounted (a restart adopts them), and the last
+        # deleted pods' may still be up: nothing of the bench stays mounted.
+        for point in mounter.mount_points_under(work / "root"):
+            mounter.unmount(point)
         subprocess.run([str(SCRIPTS / "containerd-env"), "stop", str(work / "ctr")],
                        capture_output=True)
-        if args.control_plane is None:
+        if control_plane is None:
             subprocess.run([sys.executable, str(SCRIPTS / "control-plane"), "down", str(cp)],
                            capture_output=True)
+        if not mounter.mount_points_under(work):  # never delete through a mount
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def delete_all(admin: httpx.Client, pods: list[tuple[str, str]], timeout: float = 180) -> float:
+    """Delete the (namespace, name) pods and wait until the node has none left; the seconds
+    it took."""
+    start = time.monotonic()
+    for namespace, name in pods:
+        admin.delete(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    while admin.get("/api/v1/pods", params={"fieldSelector": f"spec.nodeName={NODE}"}).json()[
+        "items"
+    ]:
+        if time.monotonic() - start > timeout:
+            break
+        time.sleep(0.5)
+    return time.monotonic() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=5.0, help="pods created per second")
+    parser.add_argument("--control-plane", type=Path, help="reuse a running control plane DIR")
+    args = parser.parse_args()
+    if os.geteuid() != 0 or shutil.which("containerd") is None:
+        print(json.dumps({"bench": "node_throughput", "skipped": "needs root and containerd"}))
+        return
+    result: dict[str, Any] = {"bench": "node_throughput", "tree": tree_version(),
+                              "pods": args.pods, "rate": args.rate}
+    with cluster_node(args.control_plane) as node:
+        admin, metrics_port = node.admin, node.metrics_port
+        before = requests_total(metrics_port)
+        watcher = Watcher(admin_client(node.cp, node.server))
+        watcher.start()
+        created: dict[str, float] = {}
+        start = time.monotonic()
+        for i in range(args.pods):
+            name = f"tp-{i:04d}"
+            time.sleep(max(0.0, start + i / args.rate - time.monotonic()))
+            body = {"metadata": {"name": name}, "spec": {
+                "nodeName": NODE, "terminationGracePeriodSeconds": 1,
+                "automountServiceAccountToken": False,
+                "containers": [{"name": "c", "image": IMAGE, "command": ["sleep", "3600"],
+                                "imagePullPolicy": "IfNotPresent"}]}}
+            answer = admin.post(f"/api/v1/namespaces/{NAMESPACE}/pods", json=body)
+            answer.raise_for_status()
+            created[name] = time.monotonic()
+        deadline = time.monotonic() + 120
+        while len(watcher.running) < args.pods and time.monotonic() < deadline:
+            time.sleep(0.2)
+        latencies = [watcher.running[n] - t for n, t in created.items() if n in watcher.running]
+        after_running = requests_total(metrics_port)
+        watcher.stop = True
+        delete_s = delete_all(admin, [(NAMESPACE, name) for name in created])
+        result.update({
+            "running": len(latencies),
+            "startup_p50_s": round(percentile(latencies, 0.5), 3),
+            "startup_p99_s": round(percentile(latencies, 0.99), 3),
+            "startup_max_s": round(max(latencies), 3),
+            "api_requests_per_pod_to_running": round((after_running - before) / args.pods, 2),
+            "api_requests_per_pod_total": round(
+                (requests_total(metrics_port) - before) / args.pods, 2),
+            "delete_all_s": round(delete_s, 1),
+            "load_1m": os.getloadavg()[0],
+        })
     print(json.dumps(result))
 
 

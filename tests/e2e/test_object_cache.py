@@ -53,6 +53,16 @@ def pod_manifest() -> JSON:
     }
 
 
+async def answered(cache: ObjectCache, names: list[str]) -> None:
+    """Wait until each named object had its first answer, woken as a pod worker is."""
+    with trio.fail_after(15):
+        while True:
+            woken = trio.Event()
+            if not cache.unanswered("default", names, woken.set):
+                return
+            await woken.wait()
+
+
 @pytest.fixture
 def bound_pod(control_plane: ControlPlane) -> Iterator[tuple[Api, Pod]]:
     """The objects and a pod bound to NODE referencing them, created as admin; deleted after."""
@@ -91,8 +101,8 @@ async def test_the_node_reads_and_follows_what_its_pod_references_and_nothing_el
             for cache in (config_maps, secrets):
                 cache.register_pod(pod)
             config_maps.register_pod(stranger)
-            await config_maps.wait_synced("default", [CONFIG, MISSING, UNREFERENCED], timeout=15)
-            await secrets.wait_synced("default", [SECRET], timeout=15)
+            await answered(config_maps, [CONFIG, MISSING, UNREFERENCED])
+            await answered(secrets, [SECRET])
 
             assert config_maps.get("default", CONFIG)["data"] == {"mode": "one"}
             assert secrets.get("default", SECRET)["data"] == {"pw": "eA=="}

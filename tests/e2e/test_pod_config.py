@@ -14,6 +14,7 @@ from tests.e2e.agent import (
     PODS,
     AgentProcess,
     Api,
+    condition,
     container_status,
     node_admin,
     node_agent,
@@ -206,3 +207,32 @@ def test_env_from_takes_every_key_and_a_missing_source_is_a_config_error(
     finally:
         api.delete(f"{NS}/configmaps/env-config")
         api.delete(f"{NS}/secrets/env-secret")
+
+
+def test_a_new_pod_waits_for_the_objects_it_mounts_instead_of_failing(
+    agent: AgentProcess, api: Api, containerd: Containerd
+) -> None:
+    """Every pod here gets the service-account volume (token, kube-root-ca.crt, namespace):
+    its first set-up waits for the cache's first answers, so no FailedMount is ever
+    reported for it. An object that does not exist is reported once the cache has listed
+    it, with Go's message."""
+    manifest = pod_manifest("prompt", NODE, containerd.BUSYBOX_TAGGED, ["sleep", "3600"])
+    uid = api.create(PODS, manifest)["metadata"]["uid"]
+    pod = api.wait(f"{PODS}/prompt", lambda p: condition(p, "Ready") == "True",
+                   what="prompt Ready")
+    assert any(v.get("projected") for v in pod["spec"]["volumes"]), "kube-api-access-* volume"
+
+    manifest = pod_manifest("unmountable", NODE, containerd.BUSYBOX_TAGGED, ["sleep", "3600"])
+    manifest["spec"]["containers"][0]["volumeMounts"] = [{"name": "cfg", "mountPath": "/cfg"}]
+    manifest["spec"]["volumes"] = [{"name": "cfg", "configMap": {"name": "nothing-here"}}]
+    lost = api.create(PODS, manifest)["metadata"]["uid"]
+    expected = 'MountVolume.SetUp failed for volume "cfg" : configmap "nothing-here" not found'
+    events = api.wait(
+        f"{NS}/events?fieldSelector=involvedObject.uid={lost},reason=FailedMount",
+        lambda found: bool((found or {}).get("items")),
+        timeout=20,
+        what="the unmountable pod's FailedMount",
+    )
+    assert [e["message"] for e in events["items"]] == [expected]
+    mounts = api.get(f"{NS}/events?fieldSelector=involvedObject.uid={uid},reason=FailedMount")
+    assert mounts is not None and mounts["items"] == [], [e["message"] for e in mounts["items"]]

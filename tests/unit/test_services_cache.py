@@ -251,15 +251,15 @@ async def test_pod_objects_lookup_gives_containers_the_service_links(
     async with trio.open_nursery() as nursery:
         await nursery.start(services.run)
         start = trio.current_time()
-        await objects.wait_for(web, timeout=2)  # gives up: the list does not answer
+        await objects.wait_for_services(web, timeout=2)  # gives up: the list does not answer
         assert trio.current_time() - start == pytest.approx(2)
         with pytest.raises(EnvError, match="services have not yet been read"):
             env()
-        await objects.wait_for(pod("file"), timeout=2)  # static pods never wait
+        await objects.wait_for_services(pod("file"), timeout=2)  # static pods never wait
         assert trio.current_time() - start == pytest.approx(2)
 
         api.hold_lists = False
-        await objects.wait_for(web, timeout=5)
+        await objects.wait_for_services(web, timeout=5)
         linked = env()
         assert linked["KUBERNETES_SERVICE_HOST"] == "10.96.0.1"
         assert linked["CART_SERVICE_HOST"] == "10.96.0.20"

@@ -279,12 +279,31 @@ async def test_status_is_sent_once_and_a_stopped_deleted_pod_is_deleted_with_gra
 class RecordingCache:
     def __init__(self) -> None:
         self.registered: set[str] = set()
+        self.calls: list[tuple[str, str]] = []
 
     def register_pod(self, pod: Any) -> None:
         self.registered.add(pod.metadata.uid)
+        self.calls.append(("register", pod.metadata.uid))
 
     def unregister_pod(self, uid: str) -> None:
         self.registered.discard(uid)
+        self.calls.append(("unregister", uid))
+
+
+def test_a_new_version_of_a_pod_is_registered_again_without_unregistering_it() -> None:
+    """Unregistering first would restart the watches of its objects at every status update
+    (its own, echoed by the watch), leaving them unlisted for a moment each time."""
+    cache = RecordingCache()
+    pods = APIPods(caches=[cache])  # type: ignore[list-item]
+    pods.take(api_pod("web"))
+    pods.take({**api_pod("web"), "status": {"phase": "Running"}})
+    assert cache.calls == [("register", "uid-web"), ("register", "uid-web")]
+    bad = api_pod("web")
+    bad["spec"]["containers"][0]["resources"] = {"limits": {"memory": "lots"}}
+    pods.take(bad)  # now rejected: its objects are no longer the node's to read
+    assert cache.calls[-1] == ("unregister", "uid-web") and "uid-web" in pods.rejected
+    pods.take(api_pod("web"))
+    assert cache.calls[-1] == ("register", "uid-web") and pods.rejected == {}
 
 
 def test_pods_to_run_are_registered_with_the_object_caches_and_only_they() -> None:

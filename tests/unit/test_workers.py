@@ -14,10 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 import trio.testing
 
+from tests.unit.test_kube_events_workers import Reported
+from trio_kubelet.apiserver.client import APIClient
+from trio_kubelet.apiserver.kubeconfig import Connection
+from trio_kubelet.apiserver.object_cache import ObjectCache, PodObjects
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.core.hashing import container_hash
 from trio_kubelet.events import Event, PodLifecycleEvent, PodSetUpdate, ResyncTick
@@ -29,9 +34,11 @@ from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.cri.runtime import v1
 from trio_kubelet.runtime.fake import ContainerScript, FakeRuntime, open_fake_runtime
 from trio_kubelet.status.store import PodStatusStore
+from trio_kubelet.volumes import VolumeManager
 
 T0 = 1_700_000_000.0
 UID = "3b7e9a10-4444-4000-8000-000000000001"
+UID_B = "3b7e9a10-4444-4000-8000-000000000002"
 IMAGE = "busybox:1.36"
 NODE_IP = "192.168.1.10"
 
@@ -70,13 +77,15 @@ class Node:
 
 
 @asynccontextmanager
-async def fake_node(tmp_path: Path) -> AsyncIterator[Node]:
+async def fake_node(tmp_path: Path, **shared: Any) -> AsyncIterator[Node]:
+    """``shared``: more of the workers' context (the object caches, the volume manager)."""
     wall = TrioWallClock(epoch=T0)
     async with open_fake_runtime(clock=wall.now, timeout=5.0) as (fake, client):
         fake.add_image(IMAGE)
         store = PodStatusStore()
         ctx = WorkerContext(client=client, images=ImageManager(client), store=store,
-                            clock=wall, pod_logs_dir=tmp_path / "logs", node_ip=NODE_IP)
+                            clock=wall, pod_logs_dir=tmp_path / "logs", node_ip=NODE_IP,
+                            **shared)
         loop = SyncLoop(ctx, ["file"])
         send, receive = trio.open_memory_channel[Event](math.inf)
         async with trio.open_nursery() as nursery:
@@ -86,7 +95,8 @@ async def fake_node(tmp_path: Path) -> AsyncIterator[Node]:
 
 
 def make_pod(*, policy: str = "Always", containers: list[dict[str, Any]] | None = None,
-             init: list[dict[str, Any]] | None = None, name: str = "web", uid: str = UID) -> Pod:
+             init: list[dict[str, Any]] | None = None, name: str = "web", uid: str = UID,
+             volumes: list[dict[str, Any]] | None = None) -> Pod:
     return Pod.model_validate({
         "metadata": {"name": name, "namespace": "default", "uid": uid,
                      "labels": {"app": name}, "annotations": {"team": "a"}},
@@ -95,6 +105,7 @@ def make_pod(*, policy: str = "Always", containers: list[dict[str, Any]] | None 
             "terminationGracePeriodSeconds": 5,
             "initContainers": init or [],
             "containers": containers or [{"name": "main", "image": IMAGE}],
+            "volumes": volumes or [],
         },
     })
 
@@ -413,3 +424,70 @@ def test_restart_count_from_logs_resumes_after_the_highest_log(tmp_path: Path) -
     for name in ("0.log", "1.log", "4.log", "notes.txt", "x.log"):
         (tmp_path / name).write_text("")
     assert restart_count_from_logs(tmp_path) == 5
+
+
+# -- what the pod refers to ------------------------------------------------------------------
+
+
+class SlowConfigMaps:
+    """An API server whose single-object ConfigMap lists answer after ``delay`` (virtual)
+    seconds: "cfg" exists, nothing else does. Watches stay open and silent."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        if "watch" in request.url.params:
+            return httpx.Response(200, content=self._silence())
+        await trio.sleep(self.delay)
+        name = request.url.params["fieldSelector"].removeprefix("metadata.name=")
+        meta = {"name": name, "namespace": "default", "resourceVersion": "5"}
+        items = [{"metadata": meta, "data": {"k": "v"}}] if name == "cfg" else []
+        return httpx.Response(200, json={"metadata": {"resourceVersion": "5"}, "items": items})
+
+    async def _silence(self) -> AsyncIterator[bytes]:
+        await trio.sleep_forever()
+        yield b""  # never reached: makes this an async generator
+
+
+async def test_a_pod_waits_for_the_objects_it_refers_to_and_starts_when_they_are_listed(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Not a FailedMount and a 10 s retry: the worker waits for the cache's first answer
+    (3 s here) and is woken by it; an object that does not exist is then Go's error.
+
+    (How soon is the bench's to say, bench_volume_start.py.)"""
+    # The volume manager writes in a thread, which trio cannot see: without a threshold the
+    # clock would jump over every deadline (the retries, this test's own) while it writes.
+    autojump_clock.autojump_threshold = 0.2
+    http = APIClient(Connection(server="http://api.test", ssl_context=None, token=None),
+                     transport=httpx.MockTransport(SlowConfigMaps(delay=3.0).handle))
+    config_maps, secrets = ObjectCache(http, "configmaps"), ObjectCache(http, "secrets")
+    mounted = [{"name": "main", "image": IMAGE,
+                "volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}]}]
+    pod = make_pod(containers=mounted, volumes=[{"name": "cfg", "configMap": {"name": "cfg"}}])
+    lost = make_pod(name="lost", uid=UID_B, containers=mounted,
+                    volumes=[{"name": "cfg", "configMap": {"name": "absent"}}])
+    events = Reported()
+    volumes = VolumeManager(tmp_path / "pods", events)
+    async with trio.open_nursery() as caches:
+        await caches.start(config_maps.run)
+        await caches.start(secrets.run)
+        async with fake_node(tmp_path, objects=PodObjects(config_maps, secrets),
+                             volumes=volumes) as node:
+            for cache in (config_maps, secrets):  # as the API pod source does
+                cache.register_pod(pod)
+                cache.register_pod(lost)
+            start = trio.current_time()
+            await node.run_pods(pod, lost)
+            await node.wait_for(UID, running)
+            assert trio.current_time() - start >= 3  # not before the answer
+            await trio.sleep(1)
+            assert node.fake.calls["RunPodSandbox"] == 1  # the lost pod has none
+            # The lost pod's set-up is retried (10 s), always with this; never "not listed".
+            assert {seen[1:] for seen in events.seen} == {
+                ("Warning", "FailedMount",
+                 'MountVolume.SetUp failed for volume "cfg" : configmap "absent" not found')}
+            assert (tmp_path / "pods" / UID / "volumes" / "kubernetes.io~configmap" / "cfg"
+                    / "k").read_text() == "v"
+        caches.cancel_scope.cancel()

@@ -5,8 +5,9 @@ only one by one, so every referenced object gets its own list+watch
 (``fieldSelector=metadata.name=<name>`` in its namespace), counted by the pods that reference
 it: started with the first such pod, cancelled with the last. ``get`` answers from memory —
 the object, or the reason there is none: ``NotFound`` (remembered like an object),
-``Forbidden`` as the API server said it, ``NotSynced`` before the first answer. A caller
-setting up a pod awaits ``wait_synced`` for the names it needs first.
+``Forbidden`` as the API server said it, ``NotSynced`` before the first answer. A pod worker
+asks ``unanswered`` first: while an object it needs has had no answer, the pod waits (it is
+not an error, the watch has only just started) and the worker is woken by the answer.
 
 Unlike the Go manager, watches of immutable objects are not stopped: few objects are
 immutable, and one idle watch each is cheap.
@@ -14,8 +15,7 @@ immutable, and one idle watch each is cheap.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -35,8 +35,8 @@ Resource = Literal["configmaps", "secrets"]
 # seen: a first list it denies is asked again at these delays (s) before the denial counts,
 # instead of after the Reflector's 30 s wait for 403s.
 FORBIDDEN_RETRIES = (0.1, 0.2, 0.4, 0.8, 1.6)
-# How long a pod worker waits for a new pod's objects' first answers (the Go managers poll 1 s).
-SYNC_WAIT = 2.0
+# How long a pod worker waits for the Services' first list before building an environment.
+SERVICES_WAIT = 2.0
 
 
 class ObjectCacheError(Exception):
@@ -59,16 +59,17 @@ class _Entry:
     name: str
     refs: int = 0
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    answered: trio.Event = field(default_factory=trio.Event)  # listed, or the list failed
+    answered: bool = False  # listed, or the list failed
     listed: bool = False
     object: JSON | None = None
     error: APIError | None = None  # of the latest list, cleared by a successful one
+    waiters: set[Callable[[], None]] = field(default_factory=set)  # told of the first answer
 
     async def replace(self, items: list[JSON]) -> None:
         self.object = next((item for item in items if self._is_it(item)), None)
         self.listed = True
         self.error = None
-        self.answered.set()
+        self._answer()
 
     async def apply(self, event: WatchEvent) -> None:
         if self._is_it(event.object):
@@ -76,7 +77,13 @@ class _Entry:
 
     def failed(self, error: APIError) -> None:
         self.error = error
-        self.answered.set()
+        self._answer()
+
+    def _answer(self) -> None:
+        self.answered = True
+        waiters, self.waiters = self.waiters, set()
+        for wake in waiters:
+            wake()
 
     def _is_it(self, obj: JSON) -> bool:
         meta = obj.get("metadata")
@@ -177,21 +184,21 @@ class ObjectCache:
             raise NotFound(404, "NotFound", f'{self.resource} "{name}" not found')
         return entry.object
 
-    async def wait_synced(self, namespace: str, names: Collection[str], *, timeout: float) -> None:
-        """Return once each named object had a first answer (object, absence or error).
+    def unanswered(
+        self, namespace: str, names: Collection[str], wake: Callable[[], None]
+    ) -> list[str]:
+        """Those of ``names`` still waiting for their first answer (object, absence or error),
+        as ``configmaps ns/name``; ``wake`` is called (once) when each of them has one.
 
-        Raises ``NotRegistered`` at once for a name no pod references, ``NotSynced`` naming
-        the objects still unanswered after ``timeout`` seconds.
+        Names no pod references are not waited for: ``get`` says why they cannot be read.
         """
-        entries = [self._entry(namespace, name) for name in names]
-        with trio.move_on_after(timeout):
-            for entry in entries:
-                await entry.answered.wait()
-        pending = sorted(e.name for e in entries if not e.answered.is_set())
-        if pending:
-            raise NotSynced(
-                f"{self.resource} {namespace}/{','.join(pending)}: no answer in {timeout:g}s"
-            )
+        waiting = []
+        for name in sorted(names):
+            entry = self._entries.get((namespace, name))
+            if entry is not None and not entry.answered:
+                entry.waiters.add(wake)
+                waiting.append(self._what(namespace, name))
+        return waiting
 
     def _entry(self, namespace: str, name: str) -> _Entry:
         entry = self._entries.get((namespace, name))
@@ -231,13 +238,14 @@ class ObjectCache:
 
 
 class PodObjects:
-    """The caches as pod workers use them: a lookup for the pure code, and a short wait.
+    """The caches as pod workers use them: a lookup for the pure code, and what to wait for.
 
     ``lookup`` reads ConfigMaps and Secrets and, given the Services cache, is a
-    ``ClusterLookup`` that lists Services too (containers' link variables). ``wait_for``
-    lets a worker give a new pod's objects (and the Services) their first answer before it
-    builds the pod's containers, instead of failing them as not synced and retrying 10 s
-    later.
+    ``ClusterLookup`` that lists Services too (containers' link variables). ``unanswered``
+    names the objects a new pod refers to that the caches are still listing: the worker
+    sets up nothing until they have answered, and is woken then, instead of failing the
+    pod's volumes as not synced and retrying 10 s later. ``wait_for_services`` gives the
+    Services' first list a moment before a container's environment is built.
     """
 
     def __init__(
@@ -257,14 +265,21 @@ class PodObjects:
         except (ObjectCacheError, APIError) as err:
             raise ObjectUnavailable(f"cannot read {kind} {namespace}/{name}: {err}") from None
 
-    async def wait_for(self, pod: Pod, *, timeout: float = SYNC_WAIT) -> None:
-        if self._services is not None and not is_static_pod(pod):
-            # Static pods never wait: they may run before the API server can answer.
-            await self._services.wait_synced(timeout)
+    def unanswered(self, pod: Pod, wake: Callable[[], None]) -> list[str]:
+        """The ConfigMaps and Secrets ``pod`` refers to that have had no first answer yet;
+        ``wake`` is called as each gets one."""
         refs = pod_references(pod)
         namespace = pod.metadata.namespace
-        for kind, names in (("ConfigMap", refs.config_maps), ("Secret", refs.secrets)):
-            if names:
-                # Best effort: what is still unanswered is reported by the lookup.
-                with contextlib.suppress(ObjectCacheError):
-                    await self._caches[kind].wait_synced(namespace, names, timeout=timeout)
+        return [
+            *self._caches["ConfigMap"].unanswered(namespace, refs.config_maps, wake),
+            *self._caches["Secret"].unanswered(namespace, refs.secrets, wake),
+        ]
+
+    async def wait_for_services(self, pod: Pod, *, timeout: float = SERVICES_WAIT) -> None:
+        """Wait up to ``timeout`` for the Services' first list (a pod from the API server
+        cannot start without ``KUBERNETES_SERVICE_HOST``; the lookup says so after that).
+
+        Static pods never wait: they may run before the API server can answer.
+        """
+        if self._services is not None and not is_static_pod(pod):
+            await self._services.wait_synced(timeout)

@@ -334,6 +334,8 @@ class PodWorker:
             await self._kill_containers(pod, runtime, actions)
             await self._remove_init_containers(pod, runtime, keep_newest=True)
         changed = actions.kill_pod or bool(actions.containers_to_kill)
+        if self._objects_unanswered(pod):
+            return changed
         volume_paths = await self._set_up_volumes(pod, result)
         if volume_paths is None:
             return changed
@@ -356,7 +358,7 @@ class PodWorker:
             or actions.init_containers_to_start
             or actions.containers_to_start
         ):
-            await objects.wait_for(pod)
+            await objects.wait_for_services(pod)
         start = partial(self._start, pod, runtime, sandbox_id=sandbox_id, sandbox=sandbox,
                         pod_ips=pod_ips, volume_paths=volume_paths, result=result)
         spec = pod.spec
@@ -372,6 +374,21 @@ class PodWorker:
         for index in actions.containers_to_start:
             changed |= await start(spec.containers[index], "regular")
         return changed
+
+    def _objects_unanswered(self, pod: Pod) -> bool:
+        """Whether the caches are still listing objects the pod refers to.
+
+        Such a pod is not set up yet (a new pod's references are watched only from now
+        on: not an error, and no reason for the 10 s retry); the worker is woken as each
+        object gets its first answer. Go's volume manager retries its mounts every 100 ms
+        to the same end. A missing object is then reported as such.
+        """
+        objects = self._ctx.objects
+        waiting = objects.unanswered(pod, self.wake) if objects is not None else []
+        if waiting:
+            log.info("Pod %s (%s) waits for %s to be listed",
+                     pod.full_name, self.uid, ", ".join(waiting))
+        return bool(waiting)
 
     async def _set_up_volumes(self, pod: Pod, result: _SyncResult) -> dict[str, Path] | None:
         """Set up (or refresh) the pod's volumes; None while one cannot be (the pod waits).

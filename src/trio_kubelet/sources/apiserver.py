@@ -69,19 +69,26 @@ class APIPods:
         self._changed = trio.Event()
 
     def take(self, obj: JSON) -> None:
-        """Add or update one pod from the API."""
+        """Add or update one pod from the API.
+
+        A new version of a pod to run is registered with the caches as it is: they swap its
+        references and keep the watches both versions use. Unregistering it first would
+        restart its objects' watches at every status update, leaving them unlisted for a
+        moment each time (and the pod's next volume refresh failing on that).
+        """
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid", ""))
-        self.forget(obj)
         if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
+            self.forget(obj)
             self.mirrors[_key(meta)] = obj
             return
         self.api_status[uid] = obj.get("status") or {}
         try:
-            pod = self.pods[uid] = pod_to_run(obj)
-            for cache in self.caches:
-                cache.register_pod(pod)
+            pod = pod_to_run(obj)
         except ValidationError as err:
+            if self.pods.pop(uid, None) is not None:
+                for cache in self.caches:
+                    cache.unregister_pod(uid)
             reason = describe_validation_error(err)
             rejected = RejectedPod(
                 str(meta.get("namespace", "")), str(meta.get("name", "")), uid, reason
@@ -95,6 +102,11 @@ class APIPods:
                     reason,
                 )
             self.rejected[uid] = rejected
+            return
+        self.rejected.pop(uid, None)
+        self.pods[uid] = pod
+        for cache in self.caches:
+            cache.register_pod(pod)
 
     def forget(self, obj: JSON) -> None:
         meta = obj.get("metadata") or {}
