@@ -383,6 +383,9 @@ def _json_string(token: bytes) -> str:
         return token.decode(errors="replace")
 
 
+_LIBYAML_TOO_DEEP = "exceeded maximum nesting depth"
+
+
 class InvalidSyntax(Exception):
     """Text that is neither valid JSON nor valid YAML; the message says where."""
 
@@ -407,6 +410,12 @@ def decode_documents(source: bytes, *, json_first: bool,
     try:
         return _load_yaml(source, deadline)
     except yaml.YAMLError as exc:
+        if _LIBYAML_TOO_DEEP in str(getattr(exc, "problem", "")):
+            # Newer libyaml (PyYAML 6.0.4's wheels) stops at 1,000 levels while scanning,
+            # ahead of the events the depth check above counts: the same refusal.
+            mark = getattr(exc, "problem_mark", None)
+            where = f"at line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+            raise ManifestTooComplex(f"{where}nested deeper than {MAX_DEPTH} levels") from None
         if json_error is not None:
             raise InvalidSyntax(
                 f"invalid JSON at line {json_error.lineno}, column {json_error.colno}: "
