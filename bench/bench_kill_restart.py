@@ -29,20 +29,19 @@ import platform
 import shutil
 import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import trio
 from bench_steady_state import (
     IMAGE,
+    NODE,
     containerd_unavailable,
+    private_containerd,
     sleep_pod_manifest,
+    start_agent,
     stop_process,
     tree_version,
     wait_all_running,
@@ -52,35 +51,8 @@ from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.client import CRIClient, open_cri_client
 from trio_kubelet.runtime.cri.runtime import v1
 
-ROOT = Path(__file__).resolve().parent.parent
-CONTAINERD_ENV = ROOT / "scripts" / "containerd-env"
-NODE = "bench"
 POLL = 0.01
 MODES = {"stream": [], "relist": ["--feature-gates", "EventedPLEG=false"]}
-
-
-def _containerd_env(major: int, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TRIO_KUBELET_CONTAINERD": str(major)}
-    return subprocess.run(["bash", str(CONTAINERD_ENV), *args], capture_output=True, text=True,
-                          timeout=1200, env=env)
-
-
-@contextmanager
-def fresh_containerd(major: int) -> Iterator[str]:
-    """A new private containerd (state left by one run changes the next one's decisions)."""
-    root = Path(tempfile.mkdtemp(prefix="tkb-kill-", dir="/tmp"))
-    done = _containerd_env(major, "start", str(root))
-    if done.returncode != 0:
-        _containerd_env(major, "stop", str(root))
-        sys.exit(f"containerd-env start failed:\n{done.stderr}")
-    try:
-        yield f"unix://{root / 'containerd.sock'}"
-    finally:
-        done = _containerd_env(major, "stop", str(root))
-        if done.returncode == 0:
-            shutil.rmtree(root, ignore_errors=True)
-        else:
-            sys.stderr.write(f"containerd-env stop failed, kept {root}:\n{done.stderr}\n")
 
 
 async def running_container(client: CRIClient, pod_name: str) -> v1.Container | None:
@@ -124,15 +96,9 @@ def run_mode(mode: str, major: int, pods: int, kills: int, gap: float,
     agent_log = workdir / "agent.log"
     result: dict[str, Any] = {"load_1m_before": round(os.getloadavg()[0], 2)}
     try:
-        with fresh_containerd(major) as endpoint, agent_log.open("w") as log:
-            agent = subprocess.Popen(
-                [sys.executable, "-m", "trio_kubelet",
-                 "--pod-manifest-path", str(manifests),
-                 "--container-runtime-endpoint", endpoint,
-                 "--root-dir", str(workdir / "root"),
-                 "--pod-logs-dir", str(workdir / "pod-logs"),
-                 "--hostname-override", NODE, "--node-ip", "127.0.0.1", *MODES[mode]],
-                stdout=log, stderr=subprocess.STDOUT)
+        # A fresh containerd per mode: what one run leaves changes the next one's decisions.
+        with private_containerd(major) as (endpoint, _), agent_log.open("w") as log:
+            agent = start_agent(manifests, endpoint, workdir, log, *MODES[mode])
             try:
                 wait_all_running(endpoint, pods, agent, start_timeout, agent_log)
                 time.sleep(gap)

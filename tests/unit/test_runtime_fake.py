@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -592,26 +594,31 @@ async def test_inspect_pod_adds_exit_details_and_network(env: Env) -> None:
     assert (await inspect_pod(env.client, "uid-unknown")).containers == ()
 
 
-async def test_served_from_a_plain_asyncio_loop_in_another_thread(tmp_path: Path) -> None:
-    """The benchmarks' way of serving the fake (in a child process; a thread here)."""
-    import threading
-
-    sock = tmp_path / "cri.sock"
-    fake = FakeRuntime()
-    fake.add_image("busybox:1.36")
+@asynccontextmanager
+async def served_from_another_thread(fake: FakeRuntime, sock: Path) -> AsyncIterator[None]:
+    """The benchmarks' way of serving the fake: a plain asyncio loop (in a child process
+    there; a thread here)."""
     started, stop = threading.Event(), threading.Event()
     server = threading.Thread(target=serve_fake_runtime_on_asyncio, args=(fake, sock),
                               kwargs={"started": started.set, "done": stop.is_set})
     server.start()
     try:
         assert await trio.to_thread.run_sync(started.wait, 10)
-        async with open_cri_client(f"unix://{sock}", timeout=5.0) as client:
-            assert [i.repo_tags for i in await client.list_images()] == [
-                ["docker.io/library/busybox:1.36"]]
+        yield
     finally:
         stop.set()
         await trio.to_thread.run_sync(server.join, 10)
     assert not server.is_alive() and not sock.exists()
+
+
+async def test_served_from_a_plain_asyncio_loop_in_another_thread(tmp_path: Path) -> None:
+    sock = tmp_path / "cri.sock"
+    fake = FakeRuntime()
+    fake.add_image("busybox:1.36")
+    async with served_from_another_thread(fake, sock), \
+            open_cri_client(f"unix://{sock}", timeout=5.0) as client:
+        assert [i.repo_tags for i in await client.list_images()] == [
+            ["docker.io/library/busybox:1.36"]]
 
 
 # -- the container event stream (GetContainerEvents) ---------------------------------------------
@@ -727,24 +734,14 @@ async def test_leaving_the_block_ends_the_stream_on_both_sides(env: Env) -> None
 
 
 async def test_events_from_a_plain_asyncio_loop_in_another_thread(tmp_path: Path) -> None:
-    import threading
-
     sock = tmp_path / "cri.sock"
     fake = FakeRuntime(event_stream=True)
-    fake.script("web", "app", ContainerScript(exit_after=0.2))
     fake.add_image("busybox")
-    started, stop = threading.Event(), threading.Event()
-    server = threading.Thread(target=serve_fake_runtime_on_asyncio, args=(fake, sock),
-                              kwargs={"started": started.set, "done": stop.is_set})
-    server.start()
-    try:
-        assert await trio.to_thread.run_sync(started.wait, 10)
-        async with open_cri_client(f"unix://{sock}", timeout=5.0) as client, \
+    with trio.fail_after(10):
+        async with served_from_another_thread(fake, sock), \
+                open_cri_client(f"unix://{sock}", timeout=5.0) as client, \
                 client.container_events() as events:
             await wait_for_streams(fake, 1)  # (a read of the other thread's list length)
             sandbox_id = await client.run_pod_sandbox(pod_config())
             assert described(await events.__anext__())[:2] == ("CONTAINER_CREATED_EVENT",
                                                                sandbox_id)
-    finally:
-        stop.set()
-        await trio.to_thread.run_sync(server.join, 10)
