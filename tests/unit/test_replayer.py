@@ -219,9 +219,9 @@ def test_a_recording_with_the_event_stream_replays_and_shows_what_it_told(
     told = [(e["kind"], e.get("via", e.get("state"))) for e in events
             if e["kind"] in ("pleg", "event_stream")]
     opened = told.index(("event_stream", "open"))
-    # Only the first relist, before the stream was open, tells anything; after that every
-    # start and exit of the crash loop and the pods comes by the stream.
-    assert {via for _, via in told[:opened]} == {"relist"}
+    # Only the first relist, before the stream was open, may tell something; after that
+    # every start and exit of the crash loop and the pods comes by the stream.
+    assert {via for _, via in told[:opened]} <= {"relist"}
     after = Counter(told[opened + 1:])
     assert list(after) == [("pleg", "stream")] and after[("pleg", "stream")] > 10, after
     result = replay_file(recordings.evented)
