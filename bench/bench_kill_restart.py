@@ -12,8 +12,10 @@ Once every pod runs, it kills K different pods' containers one after the other (
 so no crash-loop back-off is involved): the container's process gets SIGKILL from this process
 (its pid from the runtime's verbose ContainerStatus), and the time until the runtime lists a
 new RUNNING container of that pod is the figure (polled every 10 ms through a CRI client of
-this process, so it includes up to ~10 ms of polling). Then it waits ``--gap`` seconds before
-the next kill.
+this process, so it includes up to ~10 ms of polling). Then it waits ``--gap`` seconds plus a
+random part of a second (seeded) before the next kill: without it every kill would fall at the
+same point of the one-second relist cycle (just after the relist that found the previous
+replacement), and relists alone would always take the longest, ~1 s.
 
 Prints one JSON object with p50/p99/min/max per mode (with 10 kills p99 is the worst one) and
 the load average. Usage: ``python bench/bench_kill_restart.py [--containerd 2|1] [--pods 20]
@@ -26,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import shutil
 import signal
 import statistics
@@ -103,9 +106,10 @@ def run_mode(mode: str, major: int, pods: int, kills: int, gap: float,
                 wait_all_running(endpoint, pods, agent, start_timeout, agent_log)
                 time.sleep(gap)
                 samples = []
+                phase = random.Random(kills)
                 for name in names[:kills]:
                     samples.append(trio.run(kill_and_wait, endpoint, f"{name}-{NODE}", 60.0))
-                    time.sleep(gap)
+                    time.sleep(gap + phase.random())
             finally:
                 stop_process(agent)
     finally:
