@@ -383,3 +383,20 @@ async def test_a_failed_start_has_no_event_and_is_told_by_the_relist_a_second_la
         died = [(t, kind, cid, via) for t, e in told.log if isinstance(e, PodLifecycleEvent)
                 for kind, cid, via in [(e.type, e.container_id, e.via)] if cid == a]
         assert died == [(created + 1.0, "ContainerDied", a, "relist")]
+
+
+async def test_a_failed_relist_is_retried_a_second_later_even_while_the_stream_is_up(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with told_by_pleg() as told:
+        await trio.sleep(5)
+        told.fake.set_delay("ListContainers", 10)  # past the client's 5 s deadline
+        await trio.sleep(40)
+        told.fake.set_delay("ListContainers", 0)
+        await trio.sleep(60)
+    done = [(t, e.ok) for t, e in told.log if isinstance(e, RelistDone)]
+    # (When each relist ended.) Quiet until the one begun at 31 s, which waits out its 5 s
+    # deadline; each failure is retried at once (a period after it began) until the delay
+    # is gone at 45 s; then quiet again.
+    assert done == [(0.0, True), (1.0, True), (36.0, False), (41.0, False), (46.0, False),
+                    (46.0, True), (76.0, True)]

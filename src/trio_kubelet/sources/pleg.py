@@ -141,7 +141,7 @@ class _Pleg:
     def relist_due(self) -> float:
         if self.last_start is None:
             return -math.inf
-        if self.covered and self.stream_opened is not None:
+        if self.covered and self.stream_opened is not None and not self.failing:
             return min(self.last_start + self.evented_period, self.changed_at + self.period)
         return self.last_start + self.period
 
