@@ -106,8 +106,19 @@ def cgroup_root(name: str) -> Iterator[str]:
         for path in made:
             for leftover in sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True):
                 if leftover.is_dir():
-                    leftover.rmdir()
+                    _rmdir(leftover)
+            _rmdir(path)
+
+
+def _rmdir(path: Path) -> None:
+    """Remove an empty cgroup; one whose last processes are still exiting is busy a moment."""
+    for _ in range(50):
+        try:
             path.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)
+    sys.stderr.write(f"could not remove cgroup {path}\n")
 
 
 def go_kubelet(explicit: str | None) -> str:
@@ -164,8 +175,9 @@ def run_agent(agent: str, binary: str, major: int, pods: int, kills: int, window
     log_path = workdir / "agent.log"
     result: dict[str, Any] = {"load_1m_before": round(os.getloadavg()[0], 2)}
     try:
-        with private_containerd(major) as (endpoint, _), \
-                cgroup_root(f"tkb-sbs-{os.getpid()}") as root, log_path.open("w") as log:
+        # The cgroups go last, after containerd has removed every container.
+        with cgroup_root(f"tkb-sbs-{os.getpid()}") as root, \
+                private_containerd(major) as (endpoint, _), log_path.open("w") as log:
             config = workdir / "kubelet.yaml"
             config.write_text(CONFIG.format(
                 manifests=manifests, endpoint=endpoint, logs=workdir / "pod-logs",
