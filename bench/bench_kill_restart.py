@@ -88,14 +88,30 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def write_pods(workdir: Path, prefix: str, pods: int) -> tuple[Path, list[str]]:
+    """``pods`` static pod manifests in ``workdir/manifests``; the directory and pod names."""
+    manifests = workdir / "manifests"
+    manifests.mkdir()
+    names = [f"{prefix}-{index:03d}" for index in range(pods)]
+    for name in names:
+        (manifests / f"{name}.yaml").write_text(sleep_pod_manifest(name, IMAGE, prefix))
+    return manifests, names
+
+
+def kill_each(endpoint: str, names: list[str], gap: float) -> list[float]:
+    """`kill_and_wait` for each pod in turn, ``gap`` plus a random part of a second apart."""
+    samples = []
+    phase = random.Random(len(names))
+    for name in names:
+        samples.append(trio.run(kill_and_wait, endpoint, f"{name}-{NODE}", 60.0))
+        time.sleep(gap + phase.random())
+    return samples
+
+
 def run_mode(mode: str, major: int, pods: int, kills: int, gap: float,
              start_timeout: float) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="tkb-kill-run-", dir="/tmp"))
-    manifests = workdir / "manifests"
-    manifests.mkdir()
-    names = [f"kill-{index:03d}" for index in range(pods)]
-    for name in names:
-        (manifests / f"{name}.yaml").write_text(sleep_pod_manifest(name, IMAGE, "kill"))
+    manifests, names = write_pods(workdir, "kill", pods)
     agent_log = workdir / "agent.log"
     result: dict[str, Any] = {"load_1m_before": round(os.getloadavg()[0], 2)}
     try:
@@ -105,11 +121,7 @@ def run_mode(mode: str, major: int, pods: int, kills: int, gap: float,
             try:
                 wait_all_running(endpoint, pods, agent, start_timeout, agent_log)
                 time.sleep(gap)
-                samples = []
-                phase = random.Random(kills)
-                for name in names[:kills]:
-                    samples.append(trio.run(kill_and_wait, endpoint, f"{name}-{NODE}", 60.0))
-                    time.sleep(gap + phase.random())
+                samples = kill_each(endpoint, names[:kills], gap)
             finally:
                 stop_process(agent)
     finally:

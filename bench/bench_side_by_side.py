@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import shutil
 import socket
 import subprocess
@@ -44,15 +43,13 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from bench_kill_restart import kill_and_wait, percentile
+from bench_kill_restart import kill_each, percentile, write_pods
 from bench_steady_state import (
-    IMAGE,
     NODE,
     containerd_unavailable,
     count_running,
     measure,
     private_containerd,
-    sleep_pod_manifest,
     stop_process,
     tree_version,
     wait_all_running,
@@ -167,11 +164,7 @@ def wait_none_running(endpoint: str, timeout: float) -> float:
 def run_agent(agent: str, binary: str, major: int, pods: int, kills: int, window: float,
               settle: float, start_timeout: float) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"tkb-sbs-{agent}-", dir="/tmp"))
-    manifests = workdir / "manifests"
-    manifests.mkdir()
-    names = [f"sbs-{index:03d}" for index in range(pods)]
-    for name in names:
-        (manifests / f"{name}.yaml").write_text(sleep_pod_manifest(name, IMAGE, "sbs"))
+    manifests, names = write_pods(workdir, "sbs", pods)
     log_path = workdir / "agent.log"
     result: dict[str, Any] = {"load_1m_before": round(os.getloadavg()[0], 2)}
     try:
@@ -189,11 +182,7 @@ def run_agent(agent: str, binary: str, major: int, pods: int, kills: int, window
                     wait_all_running(endpoint, pods, process, start_timeout, log_path), 1)
                 time.sleep(settle)
                 result.update(measure(process.pid, window))
-                phase = random.Random(kills)
-                samples = []
-                for name in names[:kills]:
-                    samples.append(trio.run(kill_and_wait, endpoint, f"{name}-{NODE}", 60.0))
-                    time.sleep(2.0 + phase.random())
+                samples = kill_each(endpoint, names[:kills], 2.0)
                 result["kill_p50_s"] = round(percentile(samples, 0.5), 3)
                 result["kill_p99_s"] = round(percentile(samples, 0.99), 3)
                 result["kill_samples_s"] = [round(s, 3) for s in samples]
