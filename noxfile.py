@@ -52,6 +52,24 @@ PY313_TESTS = [
 ]
 
 
+#: What runs on containerd 2.x as well: pod lifecycle, agent restarts, the PLEG.
+CONTAINERD2_TESTS = [
+    "tests/integration/test_static_pods.py", "tests/integration/test_lifecycle_containerd.py",
+    "tests/integration/test_agent_restart.py", "tests/integration/test_pleg_containerd.py",
+]
+
+
+@nox.session
+def integration_containerd2(session: nox.Session) -> None:
+    """The pod-lifecycle, restart and PLEG integration tests on containerd 2.x.
+
+    The first run on a machine builds containerd 2.x with Go (scripts/build-containerd2,
+    ~6 min, cached). Arguments after `--` replace the paths.
+    """
+    session.run(PYTHON, "-m", "pytest", "-q", *(session.posargs or CONTAINERD2_TESTS),
+                env={"TRIO_KUBELET_CONTAINERD": "2"})
+
+
 @nox.session
 def py313(session: nox.Session) -> None:
     """The unit, property and scenario tiers and two containerd modules on Python 3.13.

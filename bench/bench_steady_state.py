@@ -39,7 +39,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import trio
 
@@ -132,22 +132,25 @@ def containerd_unavailable() -> str | None:
     return None
 
 
-def _containerd_env(*args: str) -> subprocess.CompletedProcess[str]:
+def _containerd_env(major: int, *args: str) -> subprocess.CompletedProcess[str]:
+    # containerd 2.x's first start builds it (scripts/build-containerd2, ~6 min).
+    env = {**os.environ, "TRIO_KUBELET_CONTAINERD": str(major)}
     return subprocess.run(["bash", str(CONTAINERD_ENV), *args], capture_output=True, text=True,
-                          timeout=600)
+                          timeout=1200, env=env)
 
 
 @contextmanager
-def private_containerd() -> Iterator[tuple[str, None]]:
+def private_containerd(major: int = 1) -> Iterator[tuple[str, None]]:
+    """A new private containerd (Debian's 1.6, or 2.x), stopped and removed at the end."""
     root = Path(tempfile.mkdtemp(prefix="tkb-ctrd-", dir="/tmp"))
-    done = _containerd_env("start", str(root))
+    done = _containerd_env(major, "start", str(root))
     if done.returncode != 0:
-        _containerd_env("stop", str(root))
+        _containerd_env(major, "stop", str(root))
         sys.exit(f"containerd-env start failed:\n{done.stderr}")
     try:
         yield f"unix://{root / 'containerd.sock'}", None
     finally:
-        done = _containerd_env("stop", str(root))  # removes every pod through CRI first
+        done = _containerd_env(major, "stop", str(root))  # removes every pod through CRI first
         if done.returncode == 0:
             shutil.rmtree(root, ignore_errors=True)
         else:
@@ -217,6 +220,19 @@ def wait_all_running(endpoint: str, pods: int, agent: subprocess.Popen[Any], tim
         time.sleep(1.0)
 
 
+def start_agent(manifests: Path, endpoint: str, workdir: Path, log: IO[str],
+                *flags: str) -> subprocess.Popen[Any]:
+    """The agent as its own process, with the default configuration and ``flags``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "trio_kubelet",
+         "--pod-manifest-path", str(manifests),
+         "--container-runtime-endpoint", endpoint,
+         "--root-dir", str(workdir / "root"),
+         "--pod-logs-dir", str(workdir / "pod-logs"),
+         "--hostname-override", NODE, "--node-ip", "127.0.0.1", *flags],
+        stdout=log, stderr=subprocess.STDOUT)
+
+
 def measure(pid: int, window: float) -> dict[str, float]:
     rss = [rss_mib(pid)]
     cpu0, t0 = cpu_seconds(pid), time.monotonic()
@@ -244,14 +260,7 @@ def run(runtime: str, pods: int, window: float, settle: float, start_timeout: fl
     try:
         with runtime_cm as (endpoint, runtime_proc):
             with agent_log.open("w") as log:
-                agent = subprocess.Popen(
-                    [sys.executable, "-m", "trio_kubelet",
-                     "--pod-manifest-path", str(manifests),
-                     "--container-runtime-endpoint", endpoint,
-                     "--root-dir", str(workdir / "root"),
-                     "--pod-logs-dir", str(workdir / "pod-logs"),
-                     "--hostname-override", NODE, "--node-ip", "127.0.0.1"],
-                    stdout=log, stderr=subprocess.STDOUT)
+                agent = start_agent(manifests, endpoint, workdir, log)
             try:
                 result["all_running_after_s"] = round(
                     wait_all_running(endpoint, pods, agent, start_timeout, agent_log), 1)

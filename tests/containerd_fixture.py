@@ -1,6 +1,8 @@
 """The session fixture `containerd`: a private containerd (scripts/containerd-env).
 
 Shared by tests/integration and tests/e2e: each conftest imports the fixture from here.
+Debian's containerd 1.6 by default; with TRIO_KUBELET_CONTAINERD=2, containerd 2.x
+(scripts/build-containerd2 builds it the first time, ~6 min).
 """
 
 from __future__ import annotations
@@ -8,9 +10,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -19,11 +23,14 @@ from types import ModuleType
 
 import grpc
 import pytest
+from cri_api.v1.api_pb2 import VersionRequest
 from cri_api.v1.api_pb2_grpc import ImageServiceStub, RuntimeServiceStub
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 CONTAINERD_ENV = SCRIPTS / "containerd-env"
 REUSE_ENV_VAR = "TRIO_KUBELET_CONTAINERD_SOCK"
+#: "2" for containerd 2.x; containerd-env reads it too.
+RUNTIME_ENV_VAR = "TRIO_KUBELET_CONTAINERD"
 CRI_TIMEOUT = 30.0
 
 
@@ -59,10 +66,27 @@ class Containerd:
     def log(self) -> Path:
         return self.root / "containerd.log"
 
+    @cached_property
+    def ctr_path(self) -> str:
+        """The ctr of the containerd running here (containerd 2.x's own, or Debian's)."""
+        bin_file = self.root / "containerd-bin"
+        bin_dir = bin_file.read_text().strip() if bin_file.exists() else ""
+        return str(Path(bin_dir, "ctr")) if bin_dir else "ctr"
+
+    @cached_property
+    def version(self) -> str:
+        """The runtime's version as CRI reports it ("1.6.20", "v2.4.2")."""
+        reply = self.runtime_service.Version(VersionRequest(), timeout=CRI_TIMEOUT)
+        return str(reply.runtime_version)
+
+    @property
+    def major(self) -> int:
+        return int(self.version.lstrip("v").split(".")[0])
+
     def ctr(self, *args: str, check: bool = True) -> str:
         """Run `ctr -a SOCK -n k8s.io ARGS…` and return its stdout; raise with stderr on failure."""
         done = subprocess.run(
-            ["ctr", "-a", self.socket, "-n", "k8s.io", *args],
+            [self.ctr_path, "-a", self.socket, "-n", "k8s.io", *args],
             capture_output=True,
             text=True,
             timeout=CRI_TIMEOUT,
@@ -98,6 +122,22 @@ class Containerd:
         if "_channel" in self.__dict__:
             self._channel.close()
 
+    def stop_daemon(self) -> None:
+        """Stop the containerd process alone (SIGTERM, as for an upgrade): its shims and the
+        containers keep running, and `start_daemon` brings it back to them."""
+        pid = int((self.root / "containerd.pid").read_text())
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while Path(f"/proc/{pid}").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"containerd {pid} did not stop within 20s")
+            time.sleep(0.05)
+
+    def start_daemon(self) -> None:
+        done = _containerd_env("start", str(self.root))
+        if done.returncode != 0:
+            raise RuntimeError(f"containerd-env start failed:\n{done.stderr}")
+
     def restore_images(self) -> None:
         """Re-import busybox/pause if a test removed them (image GC and RemoveImage tests do)."""
         present = set(self.ctr("images", "ls", "-q").split())
@@ -110,6 +150,11 @@ class Containerd:
 def _unavailable_reason() -> str | None:
     if os.geteuid() != 0:
         return "tests on a real containerd need root (containerd, runc, mounts, network namespaces)"
+    if os.environ.get(RUNTIME_ENV_VAR) == "2":
+        built = subprocess.run(["bash", str(SCRIPTS / "build-containerd2"), "--print"],
+                               capture_output=True).returncode == 0
+        if not built and shutil.which("go") is None:
+            return "containerd 2.x is not built and Go is missing (scripts/build-containerd2)"
     missing = [tool for tool in ("containerd", "ctr", "runc") if shutil.which(tool) is None]
     if missing:
         return f"{', '.join(missing)} not installed: run `scripts/containerd-env install`"
@@ -119,8 +164,9 @@ def _unavailable_reason() -> str | None:
 
 
 def _containerd_env(*args: str) -> subprocess.CompletedProcess[str]:
+    # containerd 2.x's first start builds it (~6 min on 2 cores).
     return subprocess.run(
-        ["bash", str(CONTAINERD_ENV), *args], capture_output=True, text=True, timeout=120
+        ["bash", str(CONTAINERD_ENV), *args], capture_output=True, text=True, timeout=1200
     )
 
 

@@ -509,7 +509,10 @@ async def run_agent(
                         wall_clock=clock.now,
                     )
                     await nursery.start(supervise, "http", manifest_url, send.clone())
-                pleg = partial(run_pleg, client=client, metrics=metrics, on_relist=oom.update)
+                # The runtime's event stream unless the EventedPLEG gate is set to false
+                # (Go's gate is off by default; docs/architecture.md says why ours is on).
+                pleg = partial(run_pleg, client=client, metrics=metrics, on_relist=oom.update,
+                               container_events=config.feature_gates.get("EventedPLEG", True))
                 nursery.start_soon(supervise, "pleg", pleg, send.clone())
                 nursery.start_soon(_resync, send.clone(), config.sync_frequency)
                 await nursery.start(oom.run, send.clone())

@@ -42,12 +42,27 @@ class PodSetUpdate(_Event):
 
 
 class PodLifecycleEvent(_Event):
-    """A container or sandbox changed state between two PLEG relists."""
+    """A container or sandbox changed state: seen by a PLEG relist, or told by the runtime's
+    container event stream (``via``)."""
 
     kind: Literal["pleg"] = "pleg"
     pod_uid: str
     type: Literal["ContainerStarted", "ContainerDied", "ContainerRemoved", "ContainerChanged"]
     container_id: str
+    via: Literal["relist", "stream"] = "relist"
+
+
+StreamState = Literal["open", "closed", "unsupported"]
+
+
+class ContainerEventStream(_Event):
+    """The runtime's container event stream (CRI GetContainerEvents) is proven open, was
+    lost, or is not offered (``unsupported``, containerd 1.6). While it is open PLEG relists
+    only as a safety net; a recording shows which changes it told (``via="stream"``)."""
+
+    kind: Literal["event_stream"] = "event_stream"
+    state: StreamState
+    error: str = ""
 
 
 class RelistDone(_Event):
@@ -82,7 +97,13 @@ class ResyncTick(_Event):
 
 
 Event = Annotated[
-    PodSetUpdate | PodLifecycleEvent | RelistDone | ResyncTick | OOMEvent | ProbeResultEvent,
+    PodSetUpdate
+    | PodLifecycleEvent
+    | RelistDone
+    | ContainerEventStream
+    | ResyncTick
+    | OOMEvent
+    | ProbeResultEvent,
     Field(discriminator="kind"),
 ]
 

@@ -1,8 +1,9 @@
-"""core.pleg: one relist as a snapshot, and the lifecycle events between two snapshots."""
+"""core.pleg: one relist as a snapshot, the lifecycle events between two snapshots, and
+relists merged with the runtime's events (`PlegRecords`)."""
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trio_kubelet.core.observed import (
@@ -12,7 +13,16 @@ from trio_kubelet.core.observed import (
     RuntimeSandbox,
     SandboxState,
 )
-from trio_kubelet.core.pleg import Lifecycle, PlegState, lifecycle_events, snapshot
+from trio_kubelet.core.pleg import (
+    REMEMBERED_REMOVALS,
+    Lifecycle,
+    PlegRecords,
+    PlegState,
+    RuntimeEvent,
+    RuntimeEventType,
+    lifecycle_events,
+    snapshot,
+)
 
 Snapshot = dict[str, tuple[str, PlegState]]
 
@@ -189,3 +199,179 @@ def test_every_changed_id_gets_exactly_its_events(old: Snapshot, new: Snapshot) 
 @given(old=snapshots)
 def test_no_change_means_no_events(old: Snapshot) -> None:
     assert lifecycle_events(old, dict(old)) == []
+
+
+# -- merging relists and the runtime's events ---------------------------------------------------
+
+
+def event(cid: str, type: RuntimeEventType, uid: str = "p") -> RuntimeEvent:
+    return RuntimeEvent(container_id=cid, type=type, pod_uid=uid)
+
+
+def told(records: PlegRecords, *events: RuntimeEvent) -> tuple[PlegRecords, list[Lifecycle]]:
+    """Apply events in turn; the records after them and everything they told."""
+    changes: list[Lifecycle] = []
+    for one in events:
+        records, now = records.on_event(one)
+        changes += now
+    return records, changes
+
+
+def test_each_event_tells_its_change_once() -> None:
+    records, changes = told(PlegRecords(), event("c1", "created"), event("c1", "started"),
+                            event("c1", "stopped"), event("c1", "deleted"))
+    assert changes == [Lifecycle("p", "ContainerStarted", "c1"),
+                       Lifecycle("p", "ContainerDied", "c1"),
+                       Lifecycle("p", "ContainerRemoved", "c1")]
+    assert records.records == {}
+
+
+def test_a_relist_after_the_events_tells_nothing_again() -> None:
+    records, _ = told(PlegRecords(), event("c1", "started"), event("c2", "started"),
+                      event("c2", "stopped"))
+    after, changes = records.relisted({"c1": ("p", "running"), "c2": ("p", "exited")})
+    assert changes == []
+    assert after.records == {"c1": ("p", "running"), "c2": ("p", "exited")}
+
+
+def test_an_event_the_relist_already_reported_tells_nothing() -> None:
+    # The stop happened during the relist: the relist saw it, its event comes after.
+    records, changes = PlegRecords().relisted({"c1": ("p", "exited")})
+    assert changes == [Lifecycle("p", "ContainerDied", "c1")]
+    assert told(records, event("c1", "started"), event("c1", "stopped")) == (records, [])
+
+
+def test_a_late_event_does_not_bring_back_what_a_relist_saw_deleted() -> None:
+    records, _ = PlegRecords().relisted({"c1": ("p", "running")})
+    records, changes = records.relisted({})
+    assert changes == [Lifecycle("p", "ContainerDied", "c1"),
+                       Lifecycle("p", "ContainerRemoved", "c1")]
+    assert told(records, event("c1", "stopped"), event("c1", "deleted")) == (records, [])
+    # However many relists later, as long as fewer than 1024 other IDs went since.
+    for _ in range(5):
+        records, _ = records.relisted({})
+    assert told(records, event("c1", "stopped"))[1] == []
+
+
+def test_removed_ids_are_remembered_in_two_generations() -> None:
+    many = {f"c{i}": ("p", "exited") for i in range(REMEMBERED_REMOVALS + 1)}
+    records, _ = PlegRecords().relisted({"old": ("p", "exited")})
+    records, _ = records.relisted(many)
+    records, _ = records.relisted({})  # old, then 1025 more: a new generation
+    assert "old" in records.gone_before | records.gone
+    records, _ = records.relisted({"x": ("p", "exited")})
+    records, _ = records.relisted({})  # x does not fit the newest generation: old is out
+    assert "old" not in records.gone_before | records.gone
+    assert told(records, event("old", "stopped"))[1] == [Lifecycle("p", "ContainerDied", "old")]
+
+
+def test_a_late_event_does_not_bring_back_what_an_event_deleted() -> None:
+    records, _ = told(PlegRecords(), event("c1", "started"), event("c1", "deleted"))
+    assert told(records, event("c1", "stopped")) == (records, [])
+
+
+def test_an_event_without_a_pod_for_an_unknown_id_is_ignored() -> None:
+    # Objects without our pod label were not made by a kubelet.
+    assert PlegRecords().on_event(event("x", "started", uid="")) == (PlegRecords(), [])
+    assert PlegRecords().on_event(event("x", "deleted")) == (PlegRecords(), [])
+
+
+def test_a_known_id_keeps_its_pod_whatever_the_event_says() -> None:
+    records, _ = PlegRecords().relisted({"sb": ("p", "running")})
+    records, changes = records.on_event(event("sb", "stopped", uid=""))
+    assert changes == [Lifecycle("p", "ContainerDied", "sb")]
+
+
+def test_created_is_recorded_without_telling() -> None:
+    records, changes = PlegRecords().on_event(event("c1", "created"))
+    assert (changes, records.records) == ([], {"c1": ("p", "unknown")})
+    # Deleted before it ever ran: the same as a relist would tell.
+    assert records.on_event(event("c1", "deleted"))[1] == [
+        Lifecycle("p", "ContainerDied", "c1"), Lifecycle("p", "ContainerRemoved", "c1")]
+
+
+def test_a_relist_is_the_truth_even_against_earlier_events() -> None:
+    # The runtime lost track of a running container: the relist says unknown, told as
+    # nothing (as between two relists), and a later stop is told.
+    records, _ = told(PlegRecords(), event("c1", "started"))
+    records, changes = records.relisted({"c1": ("p", "unknown")})
+    assert changes == []
+    assert records.on_event(event("c1", "stopped"))[1] == [Lifecycle("p", "ContainerDied", "c1")]
+
+
+# A runtime's history, and what PLEG sees of it: each container is created, started (or fails
+# to start: no event), stopped and deleted; events reach PLEG in order but late, a broken
+# stream loses the ones not yet delivered and those of the time it is down; relists see the
+# truth at any moment (never while PLEG applies an event).
+_STEPS: dict[str, tuple[str, PlegState | None, RuntimeEventType | None]] = {
+    # from state: (to state, its PLEG state (None: gone), the event it sends)
+    "new": ("created", "unknown", "created"),
+    "created": ("running", "running", "started"),
+    "running": ("exited", "exited", "stopped"),
+    "exited": ("deleted", None, "deleted"),
+}
+ORDER = ["ContainerStarted", "ContainerDied", "ContainerRemoved"]
+actions = st.lists(st.one_of(
+    st.tuples(st.just("advance"), st.sampled_from(IDS[:3]), st.booleans()),
+    st.tuples(st.sampled_from(["deliver", "relist", "break", "reopen"]))), max_size=60)
+
+
+@settings(max_examples=400)
+@given(actions)
+def test_relists_and_events_in_any_interleaving_tell_each_change_once_in_order(
+    steps: list[tuple[object, ...]],
+) -> None:
+    truth: dict[str, str] = {}
+    pending: list[RuntimeEvent] = []
+    stream_up = True
+    records = PlegRecords()
+    changes: list[Lifecycle] = []
+
+    def now() -> dict[str, tuple[str, PlegState]]:
+        snap: dict[str, tuple[str, PlegState]] = {}
+        for cid, state in truth.items():
+            pleg_state = {"created": "unknown", "running": "running", "exited": "exited"}.get(state)
+            if pleg_state is not None:
+                snap[cid] = (_uid(cid), pleg_state)  # type: ignore[assignment]
+        return snap
+
+    for step in [*steps, ("reopen",), *[("deliver",)] * 100, ("relist",)]:
+        if step[0] == "advance":
+            _, cid, fail_start = step
+            assert isinstance(cid, str)
+            state = truth.get(cid, "new")
+            if state == "deleted":
+                continue
+            to, _, kind = _STEPS[state]
+            if state == "created" and fail_start:
+                to, kind = "exited", None  # containerd sends nothing for a failed start
+            truth[cid] = to
+            if kind is not None and stream_up:
+                pending.append(RuntimeEvent(cid, kind, _uid(cid)))
+        elif step[0] == "deliver" and pending:
+            records, new = records.on_event(pending.pop(0))
+            changes += new
+        elif step[0] == "relist":
+            records, new = records.relisted(now())
+            changes += new
+        elif step[0] == "break":
+            pending.clear()
+            stream_up = False
+        elif step[0] == "reopen" and not stream_up:
+            # The PLEG relists after a stream reopens (what the shell guarantees).
+            stream_up = True
+            records, new = records.relisted(now())
+            changes += new
+
+    assert records.records == now()
+    by_id: dict[str, list[str]] = {}
+    for change in changes:
+        assert change.pod_uid == _uid(change.container_id)
+        by_id.setdefault(change.container_id, []).append(change.type)
+    for cid, kinds in by_id.items():
+        positions = [ORDER.index(kind) for kind in kinds]
+        assert positions == sorted(set(positions)), f"{cid}: {kinds} repeats or goes back"
+        if truth[cid] == "deleted":
+            assert "ContainerRemoved" in kinds, f"{cid} was told of but its deletion was lost"
+        if truth[cid] in ("exited", "deleted") and "ContainerStarted" in kinds:
+            assert "ContainerDied" in kinds, f"{cid} was told started, its death was lost"

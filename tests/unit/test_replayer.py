@@ -12,6 +12,7 @@ import json
 import sys
 import textwrap
 import types
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,7 +90,7 @@ SCRIPTS = {
 }
 
 
-async def _record(workdir: Path, flags: Sequence[str]) -> None:
+async def _record(workdir: Path, flags: Sequence[str], event_stream: bool) -> None:
     manifests = workdir / "manifests"
     manifests.mkdir()
     for name, text in MANIFESTS.items():
@@ -117,7 +118,7 @@ async def _record(workdir: Path, flags: Sequence[str]) -> None:
             *flags,
         ]
     )
-    fake = FakeRuntime(TrioWallClock(epoch=T0).now)
+    fake = FakeRuntime(TrioWallClock(epoch=T0).now, event_stream=event_stream)
     for (pod, container), script in SCRIPTS.items():
         fake.script(f"{pod}-{NODE}", container, script)
     with pytest.MonkeyPatch.context() as patch:
@@ -128,19 +129,22 @@ async def _record(workdir: Path, flags: Sequence[str]) -> None:
             nursery.cancel_scope.cancel()
 
 
-def make_recording(workdir: Path, *flags: str) -> None:
-    """Run the agent for RUN_FOR virtual seconds with the runtime on the agent's wall clock."""
+def make_recording(workdir: Path, *flags: str, event_stream: bool = False) -> None:
+    """Run the agent for RUN_FOR virtual seconds with the runtime on the agent's wall clock
+    (like containerd 1.6, or like 2.x with ``event_stream``)."""
     wall = TrioWallClock
     with pytest.MonkeyPatch.context() as patch:
         # One epoch for the agent and the fake, so runtime timestamps and "now" agree.
         patch.setattr(trio_kubelet.agent, "TrioWallClock", lambda: wall(epoch=T0))
-        trio.run(_record, workdir, flags, clock=trio.testing.MockClock(autojump_threshold=0))
+        trio.run(_record, workdir, flags, event_stream,
+                 clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 @dataclass(frozen=True)
 class Recordings:
     plain: Path
     rotated: Path
+    evented: Path  # made on a runtime with a container event stream
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +155,10 @@ def recordings(tmp_path_factory: pytest.TempPathFactory) -> Recordings:
     make_recording(
         rotated_dir, "--record", str(rotated_dir / "rec.jsonl"), "--record-max-bytes", "40Ki"
     )
-    return Recordings(plain_dir / "rec.jsonl", rotated_dir / "rec.jsonl")
+    evented_dir = tmp_path_factory.mktemp("evented")
+    make_recording(evented_dir, "--record", str(evented_dir / "rec.jsonl"), event_stream=True)
+    return Recordings(plain_dir / "rec.jsonl", rotated_dir / "rec.jsonl",
+                      evented_dir / "rec.jsonl")
 
 
 def replay_file(path: Path, **kwargs: object) -> ReplayResult:
@@ -202,6 +209,24 @@ def test_a_real_recording_replays_without_divergence(recordings: Recordings) -> 
     )
     assert any(g.startswith("app: back-off 40s,") for g in gates), gates
     assert result.gates > result.decisions / 4 > 0
+
+
+def test_a_recording_with_the_event_stream_replays_and_shows_what_it_told(
+    recordings: Recordings,
+) -> None:
+    events = [json.loads(line)["event"] for line in recordings.evented.read_text().splitlines()
+              if json.loads(line)["kind"] == "event"]
+    told = [(e["kind"], e.get("via", e.get("state"))) for e in events
+            if e["kind"] in ("pleg", "event_stream")]
+    opened = told.index(("event_stream", "open"))
+    # Only the first relist, before the stream was open, may tell something; after that
+    # every start and exit of the crash loop and the pods comes by the stream.
+    assert {via for _, via in told[:opened]} <= {"relist"}
+    after = Counter(told[opened + 1:])
+    assert list(after) == [("pleg", "stream")] and after[("pleg", "stream")] > 10, after
+    result = replay_file(recordings.evented)
+    assert result.divergence is None, result.divergence and result.divergence.diff
+    assert result.decisions > 10
 
 
 def test_replay_recomputes_with_the_current_rules(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from trio_kubelet.runtime.errors import (
     CRIError,
     CRINotFound,
     CRIUnavailable,
+    CRIUnimplemented,
     CRIUnknown,
     StatusCode,
 )
@@ -591,23 +594,154 @@ async def test_inspect_pod_adds_exit_details_and_network(env: Env) -> None:
     assert (await inspect_pod(env.client, "uid-unknown")).containers == ()
 
 
-async def test_served_from_a_plain_asyncio_loop_in_another_thread(tmp_path: Path) -> None:
-    """The benchmarks' way of serving the fake (in a child process; a thread here)."""
-    import threading
-
-    sock = tmp_path / "cri.sock"
-    fake = FakeRuntime()
-    fake.add_image("busybox:1.36")
+@asynccontextmanager
+async def served_from_another_thread(fake: FakeRuntime, sock: Path) -> AsyncIterator[None]:
+    """The benchmarks' way of serving the fake: a plain asyncio loop (in a child process
+    there; a thread here)."""
     started, stop = threading.Event(), threading.Event()
     server = threading.Thread(target=serve_fake_runtime_on_asyncio, args=(fake, sock),
                               kwargs={"started": started.set, "done": stop.is_set})
     server.start()
     try:
         assert await trio.to_thread.run_sync(started.wait, 10)
-        async with open_cri_client(f"unix://{sock}", timeout=5.0) as client:
-            assert [i.repo_tags for i in await client.list_images()] == [
-                ["docker.io/library/busybox:1.36"]]
+        yield
     finally:
         stop.set()
         await trio.to_thread.run_sync(server.join, 10)
     assert not server.is_alive() and not sock.exists()
+
+
+async def test_served_from_a_plain_asyncio_loop_in_another_thread(tmp_path: Path) -> None:
+    sock = tmp_path / "cri.sock"
+    fake = FakeRuntime()
+    fake.add_image("busybox:1.36")
+    async with served_from_another_thread(fake, sock), \
+            open_cri_client(f"unix://{sock}", timeout=5.0) as client:
+        assert [i.repo_tags for i in await client.list_images()] == [
+            ["docker.io/library/busybox:1.36"]]
+
+
+# -- the container event stream (GetContainerEvents) ---------------------------------------------
+
+
+def described(event: Any) -> tuple[str, str, str, list[str]]:
+    """(type, object id, the carried sandbox's pod UID, the carried container ids)."""
+    sandbox = event.pod_sandbox_status
+    uid = sandbox.labels.get(labels.POD_UID, "") if event.HasField("pod_sandbox_status") else "-"
+    kind = v1.ContainerEventType(event.container_event_type).name
+    return (kind, event.container_id, uid, sorted(c.id for c in event.containers_statuses))
+
+
+async def test_container_events_stream_like_containerd_2(tmp_path: Path) -> None:
+    sock = tmp_path / "cri.sock"
+    fake = FakeRuntime(event_stream=True)
+    fake.add_image("busybox")
+    with trio.fail_after(10):
+        async with serve_fake_runtime(sock, fake), \
+                open_cri_client(str(sock), timeout=5) as client, \
+                client.container_events() as events:
+            await wait_for_streams(fake, 1)
+            sandbox_id, [app] = await start_pod(client, pod_config(), "app")
+            fake.crash(app)
+            await client.remove_pod_sandbox(sandbox_id)
+            seen = [described(await events.__anext__()) for _ in range(8)]
+    # What containerd 2.4.2 sends for the same calls (tests/integration/test_pleg_containerd.py).
+    uid = "uid-web"
+    assert seen == [
+        ("CONTAINER_CREATED_EVENT", sandbox_id, uid, []),
+        ("CONTAINER_STARTED_EVENT", sandbox_id, uid, []),
+        ("CONTAINER_CREATED_EVENT", app, uid, [app]),
+        ("CONTAINER_STARTED_EVENT", app, uid, [app]),
+        ("CONTAINER_STOPPED_EVENT", app, uid, [app]),
+        ("CONTAINER_STOPPED_EVENT", sandbox_id, uid, [app]),
+        ("CONTAINER_DELETED_EVENT", app, uid, []),
+        ("CONTAINER_DELETED_EVENT", sandbox_id, uid, []),
+    ]
+
+
+async def wait_for_streams(fake: FakeRuntime, count: int) -> None:
+    """The server side of a stream is set up a moment after the client opened it."""
+    with trio.fail_after(5):
+        while fake.open_event_streams != count:
+            await trio.sleep(0.01)
+
+
+async def test_a_scripted_exit_is_sent_when_it_is_due(tmp_path: Path) -> None:
+    sock = tmp_path / "cri.sock"
+    fake = FakeRuntime(event_stream=True)
+    fake.add_image("busybox")
+    fake.script("web", "app", ContainerScript(exit_after=0.3, exit_code=7))
+    async with serve_fake_runtime(sock, fake), open_cri_client(str(sock), timeout=5) as client, \
+            client.container_events() as events:
+        await wait_for_streams(fake, 1)
+        _, [app] = await start_pod(client, pod_config(), "app")
+        started = trio.current_time()
+        for _ in range(4):
+            await events.__anext__()
+        stopped = await events.__anext__()
+        took = trio.current_time() - started
+    assert described(stopped)[:2] == ("CONTAINER_STOPPED_EVENT", app)
+    assert [c.exit_code for c in stopped.containers_statuses] == [7]
+    assert 0.25 < took < 2.0
+
+
+async def test_a_runtime_without_the_stream_answers_unimplemented(tmp_path: Path) -> None:
+    seen: list[tuple[str, Any, Any, float]] = []
+    sock = tmp_path / "cri.sock"
+    async with serve_fake_runtime(sock), \
+            open_cri_client(str(sock), observer=lambda *call: seen.append(call)) as client:
+        with pytest.raises(CRIUnimplemented):
+            async with client.container_events() as events:
+                await events.__anext__()
+        assert (await client.version()).runtime_name == "fake"
+    assert [(method, type(error)) for method, _, error, _ in seen] == [
+        ("GetContainerEvents", CRIUnimplemented), ("Version", v1.VersionResponse)]
+
+
+async def test_the_stream_breaks_when_the_runtime_goes_and_reopens_when_it_is_back(
+    tmp_path: Path,
+) -> None:
+    sock = tmp_path / "cri.sock"
+    fake = FakeRuntime(event_stream=True)
+    fake.add_image("busybox")
+    async with open_cri_client(str(sock), timeout=5) as client:
+        with pytest.raises(CRIUnavailable):
+            async with serve_fake_runtime(sock, fake), client.container_events() as events:
+                await wait_for_streams(fake, 1)
+                fake.drop_event_streams()
+                await events.__anext__()
+        with pytest.raises(CRIUnavailable):
+            async with client.container_events() as events:
+                await events.__anext__()  # nothing serves the socket
+        async with serve_fake_runtime(sock, fake), client.container_events() as events:
+            await wait_for_streams(fake, 1)
+            sandbox_id = await client.run_pod_sandbox(pod_config())
+            assert described(await events.__anext__())[:2] == ("CONTAINER_CREATED_EVENT",
+                                                               sandbox_id)
+
+
+async def test_leaving_the_block_ends_the_stream_on_both_sides(env: Env) -> None:
+    env.fake.event_stream = True
+    async with env.client.container_events():
+        await wait_for_streams(env.fake, 1)
+    await wait_for_streams(env.fake, 0)
+    with trio.move_on_after(0.2) as scope:
+        async with env.client.container_events() as events:
+            await events.__anext__()  # no event comes: cancelled while waiting
+    assert scope.cancelled_caught
+    await wait_for_streams(env.fake, 0)
+    assert (await env.client.version()).runtime_name == "fake"
+
+
+async def test_events_from_a_plain_asyncio_loop_in_another_thread(tmp_path: Path) -> None:
+    sock = tmp_path / "cri.sock"
+    fake = FakeRuntime(event_stream=True)
+    fake.add_image("busybox")
+    with trio.fail_after(10):
+        async with served_from_another_thread(fake, sock), \
+                open_cri_client(f"unix://{sock}", timeout=5.0) as client, \
+                client.container_events() as events:
+            await wait_for_streams(fake, 1)  # (a read of the other thread's list length)
+            sandbox_id = await client.run_pod_sandbox(pod_config())
+            assert described(await events.__anext__())[:2] == ("CONTAINER_CREATED_EVENT",
+                                                               sandbox_id)

@@ -318,6 +318,24 @@ def test_failed_relists_and_manifest_problems_are_node_events() -> None:
     assert problem.summary == "manifest problem in bad.yaml"
 
 
+def test_the_container_event_streams_changes_are_node_markers() -> None:
+    lost = "CRI GetContainerEvents failed: UNAVAILABLE: connection lost"
+    records: list[Record] = [
+        header(),
+        EventRecord(t=BASE + 1, seq=0, event={"kind": "event_stream", "state": "open"}),
+        EventRecord(t=BASE + 5, seq=1, event={"kind": "event_stream", "state": "closed",
+                                              "error": lost}),
+        EventRecord(t=BASE + 6, seq=2, event={"kind": "pleg", "pod_uid": "u", "via": "relist",
+                                              "type": "ContainerDied", "container_id": "c"}),
+    ]
+    timeline = build_timeline(records)
+    assert [(m.t, m.kind, m.summary, m.details) for m in timeline.node_markers] == [
+        (1, "stream", "container event stream open: relists are the safety net", ()),
+        (5, "stream", "container event stream lost: relisting every second", (lost,)),
+    ]
+    assert "container event stream lost" in timeline_html(timeline)
+
+
 # -- escaping and size --------------------------------------------------------------------------
 
 

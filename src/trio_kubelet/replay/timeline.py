@@ -50,7 +50,7 @@ State = Literal[
 LaneKind = Literal["init", "sidecar", "container", "ephemeral"]
 MarkerKind = Literal[
     "start", "backoff", "kill", "decision", "restart", "oom", "probe", "spec", "teardown",
-    "problem",
+    "problem", "stream",
 ]
 
 BACKOFF_REASONS = frozenset({"CrashLoopBackOff", "ImagePullBackOff"})
@@ -133,7 +133,7 @@ class Timeline:
     duration: float
     pods: list[PodTimeline]
     node_segments: list[Segment]  # the runtime unreachable (failed relists)
-    node_markers: list[Marker]  # manifest problems
+    node_markers: list[Marker]  # manifest problems, the container event stream's changes
     record_count: int
     rotated_from: str | None = None
 
@@ -648,6 +648,11 @@ class _Builder:
                 )
             else:
                 self.node.close(t)
+        elif kind == "event_stream":
+            state = _str(event.get("state"))
+            title = _STREAM_TITLES.get(state, f"container event stream {state}")
+            error = _str(event.get("error"))
+            self.node_markers.append(Marker(t, "stream", title, (error,) if error else ()))
         elif "probe" in kind:
             self.probe_event(t, kind, event)
 
@@ -845,9 +850,14 @@ _TEXT_ON: Mapping[str, str] = {
 _MARKER_FILL: Mapping[str, str] = {
     "start": "#343a40", "backoff": "#f2a900", "kill": "#c92a2a", "decision": "#868e96",
     "restart": "#ffffff", "oom": "#7a1012", "probe": "#7048e8", "spec": "#1098ad",
-    "teardown": "#212529", "problem": "#e8590c",
+    "teardown": "#212529", "problem": "#e8590c", "stream": "#1971c2",
 }
 
+_STREAM_TITLES: Mapping[str, str] = {
+    "open": "container event stream open: relists are the safety net",
+    "closed": "container event stream lost: relisting every second",
+    "unsupported": "the runtime has no container event stream: relisting every second",
+}
 _STATE_WORDS: Mapping[str, str] = {
     "waiting": "waiting", "backoff": "waiting", "succeeded": "terminated",
     "failed": "terminated", "oomkilled": "terminated",
@@ -1042,7 +1052,8 @@ class _Page:
             return ""
         out = ['<details class="pod" open data-name="node"><summary>'
                f'<span class="pname">node {esc(tl.node)}</span> '
-               '<span class="meta">runtime reachability and manifest problems</span></summary>',
+               '<span class="meta">runtime reachability, its event stream and manifest problems'
+               '</span></summary>',
                f'<svg class="lanes" width="{self.width}" height="{_LANE_H + 8}">',
                self.grid(_LANE_H + 8),
                f'<text class="ll" x="14" y="{_LANE_H / 2 + 6}">runtime</text>']

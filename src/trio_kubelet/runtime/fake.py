@@ -10,6 +10,12 @@ code under trio's MockClock.
 Time comes from an injectable ``clock`` (seconds since the epoch). Scripted
 container exits are evaluated lazily whenever state is read, so nothing runs in
 the background and results are deterministic under a fake clock.
+
+With ``event_stream=True`` it serves GetContainerEvents as containerd 2.x does (an event
+for every container and sandbox created, started, stopped and deleted, carrying the
+sandbox's status and its containers' statuses); a stream waits on its serving loop for the
+next event or the next scripted exit. Without it (the default) that call answers
+UNIMPLEMENTED, as containerd 1.6 does.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from collections.abc import (
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 import grpclib
 import grpclib.const
@@ -52,6 +58,7 @@ from .errors import CRIError, StatusCode, error_for
 
 __all__ = [
     "ContainerScript",
+    "EventSubscription",
     "ExecResult",
     "FakeRuntime",
     "FakeTransport",
@@ -70,6 +77,10 @@ RUNNING = v1.ContainerState.CONTAINER_RUNNING
 CREATED = v1.ContainerState.CONTAINER_CREATED
 EXITED = v1.ContainerState.CONTAINER_EXITED
 UNKNOWN = v1.ContainerState.CONTAINER_UNKNOWN
+CONTAINER_CREATED_EVENT = v1.ContainerEventType.CONTAINER_CREATED_EVENT
+CONTAINER_STARTED_EVENT = v1.ContainerEventType.CONTAINER_STARTED_EVENT
+CONTAINER_STOPPED_EVENT = v1.ContainerEventType.CONTAINER_STOPPED_EVENT
+CONTAINER_DELETED_EVENT = v1.ContainerEventType.CONTAINER_DELETED_EVENT
 READY = v1.PodSandboxState.SANDBOX_READY
 NOTREADY = v1.PodSandboxState.SANDBOX_NOTREADY
 
@@ -113,6 +124,33 @@ class ContainerScript:
 
 
 DEFAULT_SCRIPT = ContainerScript()
+
+
+class EventSubscription:
+    """One GetContainerEvents stream of the fake: the events published to it, in order,
+    then the error that ends it. ``wake`` is set by whoever waits for the next event."""
+
+    def __init__(self) -> None:
+        self.events: collections.deque[v1.ContainerEventResponse] = collections.deque()
+        self.error: CRIError | None = None
+        self.wake: Callable[[], None] | None = None
+
+    def put(self, event: v1.ContainerEventResponse) -> None:
+        self.events.append(event)
+        self._woken()
+
+    def end(self, error: CRIError) -> None:
+        self.error = error
+        self._woken()
+
+    def _woken(self) -> None:
+        if self.wake is not None:
+            self.wake()
+
+
+#: How a stream's serving loop waits until `EventSubscription.wake` is called or
+#: ``timeout`` seconds pass (None: no timeout): trio's or asyncio's.
+Wait = Callable[[EventSubscription, float | None], Awaitable[None]]
 
 
 @dataclass(slots=True)
@@ -228,8 +266,12 @@ class FakeRuntime:
     """containerd's CRI behaviour over in-memory state; see the module docstring."""
 
     def __init__(self, clock: Clock = time.time, *, pull_by_default: bool = True,
-                 runtime_handlers: Iterable[str] = ("", "runc")) -> None:
+                 runtime_handlers: Iterable[str] = ("", "runc"),
+                 event_stream: bool = False) -> None:
         self.clock = clock
+        #: Whether GetContainerEvents is served (containerd 2.x) or UNIMPLEMENTED (1.6).
+        self.event_stream = event_stream
+        self._subscriptions: list[EventSubscription] = []
         self.pull_by_default = pull_by_default
         self.runtime_handlers = set(runtime_handlers)
         #: Number of calls per CRI method name ("RunPodSandbox"), counted by the server.
@@ -332,8 +374,17 @@ class FakeRuntime:
         container.cpu_ns, container.memory_bytes = cpu_ns, memory_bytes
 
     def set_unavailable(self, unavailable: bool) -> None:
-        """Simulate an outage: every served call answers UNAVAILABLE."""
+        """Simulate an outage: every served call answers UNAVAILABLE, open streams break."""
         self._unavailable = unavailable
+        if unavailable:
+            self.drop_event_streams()
+
+    def drop_event_streams(self) -> None:
+        """End every open GetContainerEvents stream with UNAVAILABLE (a broken connection)."""
+        for subscription in self._subscriptions:
+            subscription.end(error_for("GetContainerEvents", StatusCode.UNAVAILABLE,
+                                       "fake runtime dropped the event stream"))
+        self._subscriptions.clear()
 
     def set_network_ready(self, ready: bool) -> None:
         self._network_ready = ready
@@ -344,6 +395,11 @@ class FakeRuntime:
             self._delays[method] = seconds
         else:
             self._delays.pop(method, None)
+
+    @property
+    def open_event_streams(self) -> int:
+        """How many GetContainerEvents streams are open now."""
+        return len(self._subscriptions)
 
     def container_ids(self) -> list[str]:
         return list(self._containers)
@@ -393,12 +449,37 @@ class FakeRuntime:
             for id in list(self._pending_exits):
                 self._settle(self._containers[id])
 
-    def _exit(self, container: _Container, code: int, reason: str, at: int) -> None:
+    def _exit(self, container: _Container, code: int, reason: str, at: int, *,
+              told: bool = True) -> None:
+        """The container's process is gone; ``told``: a stopped event says so (containerd
+        sends none for a start that failed)."""
         container.state = EXITED
         container.exit_code, container.reason, container.finished_at = code, reason, at
         container.exit_at = None
         container.changed()
         self._pending_exits.discard(container.id)
+        if told:
+            self._publish(container.id, container.sandbox_id, CONTAINER_STOPPED_EVENT)
+
+    def _publish(self, object_id: str, sandbox_id: str, kind: v1.ContainerEventType) -> None:
+        """Tell every open event stream of a change, as containerd 2 does right after it:
+        with the sandbox's status (none once it is deleted) and its containers' statuses."""
+        if not self._subscriptions:
+            return
+        sandbox = self._sandboxes.get(sandbox_id)
+        event = v1.ContainerEventResponse(
+            container_id=object_id, container_event_type=kind, created_at=_ns(self.clock()),
+            pod_sandbox_status=self._sandbox_status(sandbox) if sandbox is not None else None,
+            containers_statuses=[self._container_status(c) for c in self._containers.values()
+                                 if c.sandbox_id == sandbox_id])
+        for subscription in self._subscriptions:
+            subscription.put(event)
+
+    def _next_exit_in(self) -> float | None:
+        """Seconds until the next scripted exit (None: none is due)."""
+        due = [c.exit_at for id in self._pending_exits
+               if (c := self._containers[id]).exit_at is not None]
+        return max(0.0, min(due) / 1e9 - self.clock()) if due else None
 
     def _resolve_image(self, ref: str) -> _Image | None:
         if ref.startswith("sha256:"):
@@ -458,6 +539,8 @@ class FakeRuntime:
         self._sandboxes[id] = _Sandbox(
             id=id, config=config, metadata=meta, created_at=_ns(self.clock()),
             runtime_handler=request.runtime_handler, network_mode=mode, ip=ip, name_key=name_key)
+        self._publish(id, id, CONTAINER_CREATED_EVENT)
+        self._publish(id, id, CONTAINER_STARTED_EVENT)
         return v1.RunPodSandboxResponse(pod_sandbox_id=id)
 
     def _next_ip(self) -> str:
@@ -474,8 +557,10 @@ class FakeRuntime:
                 self._settle(container)
                 if container.state == RUNNING:
                     self._exit(container, KILLED_EXIT_CODE, "Error", now)
-        sandbox.state = NOTREADY
-        sandbox.changed()
+        if sandbox.state == READY:
+            sandbox.state = NOTREADY
+            sandbox.changed()
+            self._publish(sandbox.id, sandbox.id, CONTAINER_STOPPED_EVENT)
         return v1.StopPodSandboxResponse()
 
     def remove_pod_sandbox(
@@ -488,6 +573,7 @@ class FakeRuntime:
             self.stop_pod_sandbox(v1.StopPodSandboxRequest(pod_sandbox_id=sandbox.id))
         for container in [c for c in self._containers.values() if c.sandbox_id == sandbox.id]:
             self._forget_container(container)
+        self._publish(sandbox.id, sandbox.id, CONTAINER_DELETED_EVENT)
         del self._sandboxes[sandbox.id]
         self._names.pop(sandbox.name_key, None)
         return v1.RemovePodSandboxResponse()
@@ -496,20 +582,24 @@ class FakeRuntime:
         self, request: v1.PodSandboxStatusRequest,
     ) -> v1.PodSandboxStatusResponse:
         sandbox = self._sandbox("PodSandboxStatus", request.pod_sandbox_id)
-        namespace = _namespace_options(sandbox.config)
-        status = v1.PodSandboxStatus(
-            id=sandbox.id, metadata=sandbox.metadata, state=sandbox.state,
-            created_at=sandbox.created_at,
-            network=v1.PodSandboxNetworkStatus(ip=sandbox.ip),
-            linux=v1.LinuxPodSandboxStatus(namespaces=v1.Namespace(options=namespace)),
-            labels=dict(sandbox.config.labels), annotations=dict(sandbox.config.annotations),
-            runtime_handler=sandbox.runtime_handler)
+        status = self._sandbox_status(sandbox)
         info = {}
         if request.verbose:
             info["info"] = json.dumps({"hostname": sandbox.config.hostname,
                                        "cgroupParent": _cgroup_parent(sandbox.config)})
         return v1.PodSandboxStatusResponse(status=status, info=info,
                                            timestamp=_ns(self.clock()))
+
+    @staticmethod
+    def _sandbox_status(sandbox: _Sandbox) -> v1.PodSandboxStatus:
+        namespace = _namespace_options(sandbox.config)
+        return v1.PodSandboxStatus(
+            id=sandbox.id, metadata=sandbox.metadata, state=sandbox.state,
+            created_at=sandbox.created_at,
+            network=v1.PodSandboxNetworkStatus(ip=sandbox.ip),
+            linux=v1.LinuxPodSandboxStatus(namespaces=v1.Namespace(options=namespace)),
+            labels=dict(sandbox.config.labels), annotations=dict(sandbox.config.annotations),
+            runtime_handler=sandbox.runtime_handler)
 
     def list_pod_sandbox(self, request: v1.ListPodSandboxRequest) -> v1.ListPodSandboxResponse:
         return v1.ListPodSandboxResponse(items=[self._listed_sandbox(s)
@@ -582,6 +672,7 @@ class FakeRuntime:
             id=id, sandbox_id=sandbox.id, pod_name=pod.name, config=config, metadata=meta,
             image_id=image.id, image_ref=image.repo_digests[0] if image.repo_digests else image.id,
             created_at=_ns(self.clock()), log_path=log_path, name_key=name_key, resources=linux)
+        self._publish(id, sandbox.id, CONTAINER_CREATED_EVENT)
         return v1.CreateContainerResponse(container_id=id)
 
     def start_container(self, request: v1.StartContainerRequest) -> v1.StartContainerResponse:
@@ -600,7 +691,7 @@ class FakeRuntime:
         now = _ns(self.clock())
         container.changed()
         if script.fail_start is not None:
-            self._exit(container, START_ERROR_EXIT_CODE, "StartError", now)
+            self._exit(container, START_ERROR_EXIT_CODE, "StartError", now, told=False)
             container.message = script.fail_start
             _fail(method, StatusCode.UNKNOWN,
                   f"failed to start containerd task {container.id!r}: {script.fail_start}")
@@ -611,6 +702,7 @@ class FakeRuntime:
                                    (script.exit_code,
                                     "Completed" if script.exit_code == 0 else "Error"))
             self._pending_exits.add(container.id)
+        self._publish(container.id, container.sandbox_id, CONTAINER_STARTED_EVENT)
         return v1.StartContainerResponse()
 
     def stop_wait(self, request: v1.StopContainerRequest) -> float:
@@ -655,6 +747,7 @@ class FakeRuntime:
         del self._containers[container.id]
         self._names.pop(container.name_key, None)
         self._pending_exits.discard(container.id)
+        self._publish(container.id, container.sandbox_id, CONTAINER_DELETED_EVENT)
 
     def list_containers(self, request: v1.ListContainersRequest) -> v1.ListContainersResponse:
         return v1.ListContainersResponse(containers=[self._listed_container(c)
@@ -701,7 +794,15 @@ class FakeRuntime:
     ) -> v1.ContainerStatusResponse:
         c = self._container("ContainerStatus", request.container_id)
         self._settle(c)
-        status = v1.ContainerStatus(
+        info = {}
+        if request.verbose:
+            info["info"] = json.dumps({"sandboxID": c.sandbox_id, "pid": 0 if c.state != RUNNING
+                                       else 1000 + len(c.id)})
+        return v1.ContainerStatusResponse(status=self._container_status(c), info=info)
+
+    @staticmethod
+    def _container_status(c: _Container) -> v1.ContainerStatus:
+        return v1.ContainerStatus(
             id=c.id, metadata=c.metadata, state=c.state, created_at=c.created_at,
             started_at=c.started_at, finished_at=c.finished_at, exit_code=c.exit_code,
             image=c.config.image, image_ref=c.image_ref, reason=c.reason, message=c.message,
@@ -709,11 +810,6 @@ class FakeRuntime:
             mounts=list(c.config.mounts), log_path=c.log_path,
             resources=v1.ContainerResources(linux=c.resources) if c.resources else None,
             image_id=c.image_id)
-        info = {}
-        if request.verbose:
-            info["info"] = json.dumps({"sandboxID": c.sandbox_id, "pid": 0 if c.state != RUNNING
-                                       else 1000 + len(c.id)})
-        return v1.ContainerStatusResponse(status=status, info=info)
 
     def update_container_resources(
         self, request: v1.UpdateContainerResourcesRequest,
@@ -920,6 +1016,36 @@ class FakeRuntime:
             if pulling:
                 self.pulls_in_flight -= 1
 
+    @asynccontextmanager
+    async def container_events(self, method: str, wait: Wait) -> AsyncIterator[_Events]:
+        """A GetContainerEvents stream for the block: every event from now on (the block's
+        ``async for`` waits with ``wait`` on the serving loop). Counted as a call; fails as
+        containerd 1.6 does unless ``event_stream``, and while the runtime is unavailable."""
+        self.calls[method] += 1
+        if self._unavailable:
+            _fail(method, StatusCode.UNAVAILABLE, "fake runtime is unavailable")
+        if method != "GetContainerEvents" or not self.event_stream:
+            _fail(method, StatusCode.UNIMPLEMENTED,
+                  f"unknown method {method} for service runtime.v1.RuntimeService")
+        subscription = EventSubscription()
+        self._subscriptions.append(subscription)
+        try:
+            yield _Events(self, subscription, wait)
+        finally:
+            with suppress(ValueError):
+                self._subscriptions.remove(subscription)
+
+    async def next_event(self, subscription: EventSubscription,
+                         wait: Wait) -> v1.ContainerEventResponse:
+        """The stream's next event, waited for with ``wait``; the error that ended it."""
+        while True:
+            self._settle_all()  # a scripted exit whose time has come is published now
+            if subscription.events:
+                return subscription.events.popleft()
+            if subscription.error is not None:
+                raise subscription.error
+            await wait(subscription, self._next_exit_in())
+
     def _call_wait(self, method: str, request: Any) -> float:
         """How long a call takes before it answers (0 for all but a stop and an exec)."""
         if method == "StopContainer":
@@ -937,6 +1063,41 @@ class FakeRuntime:
         if handler is None:
             _fail(method, StatusCode.UNIMPLEMENTED, f"{method} is not implemented by the fake")
         return handler
+
+
+class _Events:
+    """The events of one open stream of the fake, as an async iterator."""
+
+    def __init__(self, fake: FakeRuntime, subscription: EventSubscription, wait: Wait) -> None:
+        self._fake = fake
+        self._subscription = subscription
+        self._wait = wait
+
+    def __aiter__(self) -> _Events:
+        return self
+
+    async def __anext__(self) -> v1.ContainerEventResponse:
+        return await self._fake.next_event(self._subscription, self._wait)
+
+
+async def _wait_on_trio(subscription: EventSubscription, timeout: float | None) -> None:
+    woken = trio.Event()
+    subscription.wake = woken.set
+    try:
+        with trio.move_on_after(math.inf if timeout is None else timeout):
+            await woken.wait()
+    finally:
+        subscription.wake = None
+
+
+async def _wait_on_asyncio(subscription: EventSubscription, timeout: float | None) -> None:
+    woken = asyncio.Event()
+    subscription.wake = woken.set
+    try:
+        with suppress(TimeoutError):
+            await asyncio.wait_for(woken.wait(), timeout)
+    finally:
+        subscription.wake = None
 
 
 _WIRE_HANDLERS = {"ListPodSandbox": "list_pod_sandbox_wire",
@@ -1013,16 +1174,27 @@ class _Server(grpclib.server.Server):
         self.protocols.clear()
 
 
+#: How a grpclib server of the fake opens a server stream (on its asyncio loop): the
+#: replies for ``(method, request)``, or a CRIError.
+OpenStream = Callable[[str, Any], AbstractAsyncContextManager[AsyncIterator[Any]]]
+
+
 class _Served:
     """One CRI service of the fake for a grpclib server: the generated table's paths and
-    message types, every unary method answered by ``answer(method, request)``."""
+    message types, every unary method answered by ``answer(method, request)`` and every
+    server-streaming one by ``open_stream``."""
 
-    def __init__(self, service: Any, answer: Callable[[str, Any], Awaitable[Any]]) -> None:
+    def __init__(self, service: Any, answer: Callable[[str, Any], Awaitable[Any]],
+                 open_stream: OpenStream) -> None:
         self._answer = answer
+        self._open_stream = open_stream
+        handlers = {grpclib.const.Cardinality.UNARY_UNARY: self._handle,
+                    grpclib.const.Cardinality.UNARY_STREAM: self._handle_stream}
         self._mapping = {
-            path: handler._replace(func=partial(self._handle, path.rsplit("/", 1)[1]))
+            path: handler._replace(func=partial(handlers[handler.cardinality],
+                                                path.rsplit("/", 1)[1]))
             for path, handler in service.__mapping__().items()
-            if handler.cardinality is grpclib.const.Cardinality.UNARY_UNARY
+            if handler.cardinality in handlers
         }
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
@@ -1034,10 +1206,18 @@ class _Served:
             reply = await self._answer(method, request)
         await stream.send_message(_Encoded(reply) if isinstance(reply, bytes) else reply)
 
+    async def _handle_stream(self, method: str, stream: grpclib.server.Stream[Any, Any]) -> None:
+        request = await stream.recv_message()
+        with _as_grpc_error():
+            async with self._open_stream(method, request) as replies:
+                async for reply in replies:
+                    await stream.send_message(reply)
 
-async def _start_server(path: str, answer: Callable[[str, Any], Awaitable[Any]]) -> _Server:
-    server = _Server([_Served(v1.RuntimeServiceBase(), answer),
-                      _Served(v1.ImageServiceBase(), answer)])
+
+async def _start_server(path: str, answer: Callable[[str, Any], Awaitable[Any]],
+                        open_stream: OpenStream) -> _Server:
+    server = _Server([_Served(v1.RuntimeServiceBase(), answer, open_stream),
+                      _Served(v1.ImageServiceBase(), answer, open_stream)])
     with suppress(FileNotFoundError):
         os.unlink(path)  # a stale socket from a previous run, as containerd does
     await server.start(path=path)
@@ -1075,6 +1255,51 @@ def _answer_on_trio(fake: FakeRuntime, nursery: trio.Nursery,
     return answer
 
 
+class _Queued:
+    """A stream's replies taken from an asyncio queue (each one, or the error ending it)."""
+
+    def __init__(self, queue: asyncio.Queue[outcome.Outcome[Any]]) -> None:
+        self._queue = queue
+
+    def __aiter__(self) -> _Queued:
+        return self
+
+    async def __anext__(self) -> Any:
+        return (await self._queue.get()).unwrap()
+
+
+def _stream_on_trio(fake: FakeRuntime, nursery: trio.Nursery,
+                    loop: asyncio.AbstractEventLoop) -> OpenStream:
+    """An ``open_stream`` for a server on ``loop`` whose streams the fake serves on trio
+    (like `_answer_on_trio`): a trio task reads each one into an asyncio queue."""
+    token = trio.lowlevel.current_trio_token()
+
+    @asynccontextmanager
+    async def open_stream(method: str, request: Any) -> AsyncIterator[_Queued]:
+        queue: asyncio.Queue[outcome.Outcome[Any]] = asyncio.Queue()
+        scope = trio.CancelScope()
+
+        def push(item: outcome.Outcome[Any]) -> None:  # on trio
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        async def on_trio() -> None:
+            with scope:
+                try:
+                    async with fake.container_events(method, _wait_on_trio) as events:
+                        async for event in events:
+                            push(outcome.Value(event))
+                except CRIError as error:
+                    push(outcome.Error(error))
+
+        token.run_sync_soon(nursery.start_soon, on_trio)
+        try:
+            yield _Queued(queue)
+        finally:
+            token.run_sync_soon(scope.cancel)
+
+    return open_stream
+
+
 @asynccontextmanager
 async def serve_fake_runtime(socket_path: str | os.PathLike[str],
                              runtime: FakeRuntime | None = None, *,
@@ -1092,7 +1317,8 @@ async def serve_fake_runtime(socket_path: str | os.PathLike[str],
         async with open_asyncio_thread() as thread, trio.open_nursery() as nursery:
             loop = await thread.run(_running_loop)
             answer = _answer_on_trio(fake, nursery, loop)
-            server = await thread.run(lambda: _start_server(path, answer))
+            open_stream = _stream_on_trio(fake, nursery, loop)
+            server = await thread.run(lambda: _start_server(path, answer, open_stream))
             try:
                 yield fake
             finally:
@@ -1130,7 +1356,8 @@ def serve_fake_runtime_on_asyncio(fake: FakeRuntime, socket_path: str | os.PathL
 
     async def serve() -> None:
         server = await _start_server(
-            path, lambda method, request: fake.answer(method, request, asyncio.sleep))
+            path, lambda method, request: fake.answer(method, request, asyncio.sleep),
+            lambda method, request: fake.container_events(method, _wait_on_asyncio))
         started()
         try:
             while not done():
@@ -1182,8 +1409,33 @@ class FakeTransport:
             answers.append((answer, trio.current_time() - start))
         return answers
 
+    @asynccontextmanager
+    async def stream(self, method: str, request: Any,
+                     reply_type: type[R]) -> AsyncIterator[AsyncIterator[R]]:
+        if self._closed:
+            _fail(method, StatusCode.UNAVAILABLE, "the CRI client is closed")
+        await trio.lowlevel.checkpoint()
+        async with self.fake.container_events(method, _wait_on_trio) as events:
+            yield _Decoded(events, reply_type)
+
     async def aclose(self) -> None:
         self._closed = True
+
+
+class _Decoded(Generic[R]):
+    """A fake stream's replies through their wire encoding, as from a socket."""
+
+    def __init__(self, events: _Events, reply_type: type[R]) -> None:
+        self._events = events
+        self._reply_type = reply_type
+
+    def __aiter__(self) -> _Decoded[R]:
+        return self
+
+    async def __anext__(self) -> R:
+        event = await self._events.__anext__()
+        decoded: R = self._reply_type.FromString(bytes(event))  # type: ignore[attr-defined]
+        return decoded
 
 
 @asynccontextmanager

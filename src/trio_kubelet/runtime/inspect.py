@@ -28,6 +28,7 @@ from ..core.observed import (
     SandboxState,
     wants_log_tail,
 )
+from ..core.pleg import RuntimeEvent, RuntimeEventType
 from ..model.pod import Container, Pod
 from ..server.crilog import LogOptions, open_log, read_log
 from .cri.runtime import v1
@@ -42,7 +43,14 @@ from .labels import (
     RESTART_COUNT,
 )
 
-__all__ = ["RuntimeReader", "TerminationMessages", "group_by_pod", "inspect_pod", "relist"]
+__all__ = [
+    "RuntimeReader",
+    "TerminationMessages",
+    "group_by_pod",
+    "inspect_pod",
+    "relist",
+    "runtime_event",
+]
 
 # CRI enum numbers (upb gives plain ints; betterproto2 enums are ints too).
 _CONTAINER_STATES: dict[int, ContainerState] = {
@@ -56,6 +64,12 @@ _SANDBOX_STATES: dict[int, SandboxState] = {
     upb.SANDBOX_NOTREADY: SandboxState.NOTREADY,
 }
 _EXITED = v1.ContainerState.CONTAINER_EXITED
+_EVENT_TYPES: dict[int, RuntimeEventType] = {
+    upb.CONTAINER_CREATED_EVENT: "created",
+    upb.CONTAINER_STARTED_EVENT: "started",
+    upb.CONTAINER_STOPPED_EVENT: "stopped",
+    upb.CONTAINER_DELETED_EVENT: "deleted",
+}
 # Newest first; on a creation-time tie (a coarse clock) the higher attempt is the newer one.
 _NEWEST_FIRST = attrgetter("created_at", "attempt")
 
@@ -168,6 +182,26 @@ async def relist(client: RuntimeReader) -> dict[str, RuntimePodStatus]:
     sandboxes = await client.list_pod_sandbox_brief()
     containers = await client.list_containers_brief()
     return group_by_pod(sandboxes, containers)
+
+
+def runtime_event(message: upb.ContainerEventResponse) -> RuntimeEvent | None:
+    """What PLEG reads of one GetContainerEvents reply (None: an event type CRI added later).
+
+    The pod is the one our pod-UID label names on the sandbox status the event carries, or
+    on the event's own container among the statuses it carries (a deleted sandbox's event
+    carries neither: PLEG knows its pod from before).
+    """
+    kind = _EVENT_TYPES.get(message.container_event_type)
+    if kind is None:
+        return None
+    cid = message.container_id
+    uid = ""
+    if message.HasField("pod_sandbox_status"):
+        uid = message.pod_sandbox_status.labels.get(POD_UID, "")
+    if not uid:
+        uid = next((c.labels.get(POD_UID, "") for c in message.containers_statuses
+                    if c.id == cid), "")
+    return RuntimeEvent(container_id=cid, type=kind, pod_uid=uid)
 
 
 async def inspect_pod(

@@ -1,0 +1,240 @@
+"""The Go kubelet and trio-kubelet one after the other, same node, same config, same N pods.
+
+Each agent gets a fresh private containerd (``scripts/containerd-env``: Debian's 1.6 or 2.x;
+CRI records one agent leaves change the other's decisions: a stale exited container puts the
+Go kubelet's first restart into back-off), its own root and pod-log directories, and a
+private ``cgroupRoot`` (both agents remove pod cgroups under their root that they do not know,
+so agents sharing a host must not share one). Both read the same KubeletConfiguration
+(``failCgroupV1: false``, ``cgroupDriver: cgroupfs``, no API server, ports of their own) with
+N static pods (busybox ``sleep 3600``, ``terminationGracePeriodSeconds: 1``). For each agent:
+
+- ``all_running_s``: agent started → every pod's container running (polled every second
+  through a CRI client of this process);
+- ``cpu_percent_of_core``, ``rss_mib``: at rest, over ``--window`` seconds after a settle;
+- ``kill_p50_s``, ``kill_p99_s``: a container's process SIGKILLed → a new one of that pod
+  running (bench_kill_restart.py's measurement, ``--kills`` different pods);
+- ``teardown_s``: every manifest removed → no container of the pods running.
+
+The Go kubelet is ``kubelet`` from ``scripts/build-control-plane --kubelet`` (built from the Go
+module proxy the first time, cached) unless ``--go-kubelet PATH`` names one. It runs in a
+mount namespace of its own in which the kernel settings it insists on writing
+(``vm.overcommit_memory``, ``kernel.panic_on_oops``, ...; ``protectKernelDefaults: true``
+would refuse to start instead) are files of this bench, so the machine's stay as they are;
+its pods here need no mounts that containerd would have to see. Prints one JSON
+object with both agents' figures, the ratios (trio / Go) and the load average around each run.
+Usage: ``python bench/bench_side_by_side.py [--containerd 1|2] [--pods 110] [--kills 10]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+from bench_kill_restart import kill_each, percentile, write_pods
+from bench_steady_state import (
+    NODE,
+    containerd_unavailable,
+    count_running,
+    measure,
+    private_containerd,
+    stop_process,
+    tree_version,
+    wait_all_running,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "scripts" / "build-control-plane"
+CGROUP_FS = Path("/sys/fs/cgroup")
+CONFIG = """\
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+staticPodPath: {manifests}
+containerRuntimeEndpoint: {endpoint}
+podLogsDir: {logs}
+cgroupDriver: cgroupfs
+cgroupRoot: /{cgroup_root}
+failCgroupV1: false
+failSwapOn: false
+port: {port}
+healthzPort: {healthz_port}
+readOnlyPort: 0
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: false}}
+authorization: {{mode: AlwaysAllow}}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def cgroup_root(name: str) -> Iterator[str]:
+    """``/name`` in every cgroup v1 hierarchy (the Go kubelet wants it in each; cpuset's
+    needs its parent's cpus and mems), removed with whatever the agent left in it."""
+    made = []
+    for hierarchy in sorted(p for p in CGROUP_FS.iterdir() if (p / "cgroup.procs").exists()):
+        path = hierarchy / name
+        path.mkdir(exist_ok=True)
+        made.append(path)
+        if hierarchy.name == "cpuset":
+            for knob in ("cpuset.cpus", "cpuset.mems"):
+                (path / knob).write_text((hierarchy / knob).read_text())
+    try:
+        yield name
+    finally:
+        for path in made:
+            for leftover in sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+                if leftover.is_dir():
+                    _rmdir(leftover)
+            _rmdir(path)
+
+
+def _rmdir(path: Path) -> None:
+    """Remove an empty cgroup; one whose last processes are still exiting is busy a moment."""
+    for _ in range(50):
+        try:
+            path.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)
+    sys.stderr.write(f"could not remove cgroup {path}\n")
+
+
+def go_kubelet(explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    done = subprocess.run(["bash", str(BUILD), "--kubelet"], capture_output=True, text=True,
+                          timeout=3600)
+    if done.returncode != 0:
+        sys.exit(f"could not build the Go kubelet:\n{done.stderr}")
+    return str(Path(done.stdout.strip()) / "kubelet")
+
+
+# The kernel settings the Go kubelet writes at start (setupKernelTunables).
+GO_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+              "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
+# Each one a copy of its value bind-mounted over it, in a private mount namespace.
+_SHIELD = r"""set -e
+for key in {keys}; do
+  copy={workdir}/sysctl-${{key//\//-}}
+  cat "/proc/sys/$key" >"$copy"
+  mount --bind "$copy" "/proc/sys/$key"
+done
+exec "$@"
+"""
+
+
+def agent_command(agent: str, binary: str, config: Path, workdir: Path) -> list[str]:
+    common = ["--config", str(config), "--root-dir", str(workdir / "root"),
+              "--hostname-override", NODE, "--node-ip", "127.0.0.1"]
+    if agent == "go":
+        shield = _SHIELD.format(keys=" ".join(GO_SYSCTLS), workdir=workdir)
+        return ["unshare", "--mount", "--propagation", "private", "bash", "-c", shield,
+                "go-kubelet", binary, *common]
+    return [sys.executable, "-m", "trio_kubelet", *common]
+
+
+def wait_none_running(endpoint: str, timeout: float) -> float:
+    start = time.monotonic()
+    while trio.run(count_running, endpoint) > 0:
+        if time.monotonic() - start > timeout:
+            raise RuntimeError(f"containers still running {timeout}s after the manifests went")
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def run_agent(agent: str, binary: str, major: int, pods: int, kills: int, window: float,
+              settle: float, start_timeout: float) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix=f"tkb-sbs-{agent}-", dir="/tmp"))
+    manifests, names = write_pods(workdir, "sbs", pods)
+    log_path = workdir / "agent.log"
+    result: dict[str, Any] = {"load_1m_before": round(os.getloadavg()[0], 2)}
+    try:
+        # The cgroups go last, after containerd has removed every container.
+        with cgroup_root(f"tkb-sbs-{os.getpid()}") as root, \
+                private_containerd(major) as (endpoint, _), log_path.open("w") as log:
+            config = workdir / "kubelet.yaml"
+            config.write_text(CONFIG.format(
+                manifests=manifests, endpoint=endpoint, logs=workdir / "pod-logs",
+                cgroup_root=root, port=free_port(), healthz_port=free_port()))
+            process = subprocess.Popen(agent_command(agent, binary, config, workdir),
+                                       stdout=log, stderr=subprocess.STDOUT)
+            try:
+                result["all_running_s"] = round(
+                    wait_all_running(endpoint, pods, process, start_timeout, log_path), 1)
+                time.sleep(settle)
+                result.update(measure(process.pid, window))
+                samples = kill_each(endpoint, names[:kills], 2.0)
+                result["kill_p50_s"] = round(percentile(samples, 0.5), 3)
+                result["kill_p99_s"] = round(percentile(samples, 0.99), 3)
+                result["kill_samples_s"] = [round(s, 3) for s in samples]
+                for manifest in manifests.iterdir():
+                    manifest.unlink()
+                result["teardown_s"] = round(wait_none_running(endpoint, start_timeout), 2)
+                if process.poll() is not None:
+                    raise RuntimeError(f"{agent} exited ({process.returncode}): {log_path}")
+            finally:
+                stop_process(process)
+    except BaseException:
+        sys.stderr.write(f"{agent} failed; its log: {log_path}\n")
+        raise
+    result["load_1m_after"] = round(os.getloadavg()[0], 2)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+FIGURES = ("all_running_s", "cpu_percent_of_core", "rss_mib", "kill_p50_s", "kill_p99_s",
+           "teardown_s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--containerd", type=int, choices=(1, 2), default=2)
+    parser.add_argument("--pods", type=int, default=110)
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--window", type=float, default=60.0, help="CPU/RSS window at rest (s)")
+    parser.add_argument("--settle", type=float, default=5.0)
+    parser.add_argument("--start-timeout", type=float, default=600.0)
+    parser.add_argument("--go-kubelet", help="a Go kubelet binary (default: build v1.36.3)")
+    parser.add_argument("--agents", default="go,trio", help="which, in this order")
+    args = parser.parse_args()
+    result: dict[str, Any] = {"bench": "side_by_side", "containerd": args.containerd,
+                              "pods": args.pods, "kills": args.kills, "window_s": args.window}
+    skip = containerd_unavailable()
+    if skip is not None or args.kills > args.pods:
+        result["skipped"] = skip or "--kills must not exceed --pods (each pod is killed once)"
+        print(json.dumps(result))
+        return
+    binary = go_kubelet(args.go_kubelet) if "go" in args.agents else ""
+    for agent in args.agents.split(","):
+        result[agent] = run_agent(agent, binary, args.containerd, args.pods, args.kills,
+                                  args.window, args.settle, args.start_timeout)
+    if "go" in result and "trio" in result:
+        result["trio_over_go"] = {figure: round(result["trio"][figure] / result["go"][figure], 2)
+                                  for figure in FIGURES if result["go"].get(figure)}
+    result["tree"] = tree_version()
+    result["cpus"] = os.cpu_count()
+    result["python"] = platform.python_version()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
