@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from fractions import Fraction
 from functools import partial
 from pathlib import Path
@@ -19,6 +19,8 @@ from trio_kubelet.apiserver.kubeconfig import load_kubeconfig
 from trio_kubelet.apiserver.object_cache import ObjectCache, PodObjects
 from trio_kubelet.apiserver.services import ServiceCache
 from trio_kubelet.apiserver.tokens import TokenSource
+from trio_kubelet.certificate.client import ClientCertificateManager, client_credentials
+from trio_kubelet.certificate.rotation import wall_time
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.config import AgentOptions
 from trio_kubelet.core.pod_cgroups import KUBEPODS, cgroup_path, kubepods_config
@@ -235,19 +237,37 @@ def pod_sources(options: AgentOptions) -> list[str]:
     return sources
 
 
-def open_api_client(options: AgentOptions, metrics: AgentMetrics) -> APIClient | None:
-    """The API-server client ``--kubeconfig`` asks for; raises KubeconfigError if unusable."""
+def open_api_client(
+    options: AgentOptions, metrics: AgentMetrics, clock: TrioWallClock
+) -> tuple[APIClient | None, ClientCertificateManager | None]:
+    """The API-server client ``--kubeconfig`` asks for, and the manager of its client
+    certificate when it comes from the cluster (--bootstrap-kubeconfig, rotateCertificates);
+    raises KubeconfigError if there are no usable credentials."""
     if options.kubeconfig is None:
-        return None
-    connection = load_kubeconfig(options.kubeconfig)
+        return None, None
     config = options.config
+    managed = options.bootstrap_kubeconfig is not None or config.rotate_certificates
+    if managed:
+        credentials = client_credentials(options, wall_time(clock.now))
+        connection = credentials.connection
+    else:
+        connection = load_kubeconfig(options.kubeconfig)
     log.info("Using API server %s (kubeconfig %s)", connection.server, options.kubeconfig)
-    return APIClient(
+    api = APIClient(
         connection,
         qps=config.kube_api_qps,
         burst=config.kube_api_burst,
         observer=metrics.api_observer,
     )
+    if not managed:
+        return api, None
+    return api, ClientCertificateManager(options, credentials, api, clock=clock.now)
+
+
+async def _once_ready(ready: trio.Event, start: Callable[[], Awaitable[None]]) -> None:
+    """Run ``start`` once the client certificate is in use (after a TLS bootstrap)."""
+    await ready.wait()
+    await start()
 
 
 async def _run_cluster_tasks(
@@ -391,9 +411,14 @@ async def run_agent(
     metrics = AgentMetrics(options.node_name)
     loops: list[SyncLoop] = []
     recorder = _start_recorder(options, clock, lambda: loops[0])
-    api = open_api_client(options, metrics)
+    api, certificates = open_api_client(options, metrics, clock)
+    credentials_ready = certificates.ready if certificates is not None else trio.Event()
+    if certificates is None:
+        credentials_ready.set()
     async with trio.open_nursery() as top:
         top.start_soon(_stop_on_signal, top.cancel_scope)
+        if certificates is not None:
+            top.start_soon(certificates.run)
         if recorder is not None:
             await top.start(recorder.run)
         observer = _observers(
@@ -405,7 +430,8 @@ async def run_agent(
             runtime = await wait_for_runtime(client, endpoint)
             log.info("Connected to container runtime %s at %s", runtime, endpoint)
             events = EventRecorder(options.node_name, api, clock=clock.now)
-            top.start_soon(events.run)
+            # Events wait in the recorder's queue until the API server knows who we are.
+            top.start_soon(_once_ready, credentials_ready, events.run)
             # One image manager for all pod workers (the node-wide pull limit); image GC
             # learns from it which images containers are about to use. The eviction
             # manager's disk reclaim calls image_gc.reclaim.
@@ -496,9 +522,16 @@ async def run_agent(
                     )
                     await nursery.start(supervise, "file", static_files, send.clone())
                 if api is not None:
-                    await _run_cluster_tasks(
+                    cluster = partial(
+                        _run_cluster_tasks,
                         nursery, send, api, client, events, options, loop, ctx, clock, eviction
                     )
+                    if credentials_ready.is_set():
+                        await cluster()
+                    else:
+                        # Static pods do not wait for a TLS bootstrap (the node's own API server
+                        # may be one of them): the cluster side starts once it is done.
+                        nursery.start_soon(_once_ready, credentials_ready, cluster)
                 if config.static_pod_url:
                     manifest_url = partial(
                         run_manifest_url,

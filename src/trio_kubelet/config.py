@@ -83,8 +83,8 @@ _NODE_ALLOCATABLE_KEYS = frozenset(
 # KubeletConfiguration fields of the Go kubelet that this agent does not implement:
 # accepted without complaint (an operator's existing file must load) and listed once.
 GO_ONLY_FIELDS = _words(
-    """enableServer volumePluginDir providerID tlsCipherSuites tlsMinVersion rotateCertificates
-    serverTLSBootstrap imagePullCredentialsVerificationPolicy
+    """enableServer volumePluginDir providerID tlsCipherSuites tlsMinVersion
+    imagePullCredentialsVerificationPolicy
     preloadedImagesVerificationAllowlist eventRecordQPS eventBurst enableDebuggingHandlers
     enableContentionProfiling oomScoreAdj
     kubeletCgroups systemCgroups cpuManagerPolicy
@@ -403,6 +403,11 @@ class KubeletConfiguration(_ConfigModel):
     healthz_bind_address: IPAddress = "127.0.0.1"
     tls_cert_file: str = ""
     tls_private_key_file: str = ""
+    # Renew the client certificate from the cluster before it expires (CSRs).
+    rotate_certificates: bool = False
+    # Serve 10250 with a certificate the cluster issues (kubernetes.io/kubelet-serving CSRs),
+    # renewed like the client one, instead of a self-signed or given one.
+    server_tls_bootstrap: bool = Field(default=False, alias="serverTLSBootstrap")
     authentication: KubeletAuthentication = Field(default_factory=KubeletAuthentication)
     authorization: KubeletAuthorization = Field(default_factory=KubeletAuthorization)
 
@@ -834,6 +839,15 @@ def parse_node_labels(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
     return tuple(labels.items())
 
 
+def _checked_kubeconfig(kubeconfig: Path | None, bootstrap: Path | None) -> Path | None:
+    if bootstrap is not None and kubeconfig is None:
+        raise ConfigError(
+            "--bootstrap-kubeconfig: needs --kubeconfig (where the kubeconfig for the "
+            "certificate it obtains is written)"
+        )
+    return kubeconfig
+
+
 @dataclass(frozen=True)
 class AgentOptions:
     """Everything the agent is started with: the configuration and the node's flag-only options."""
@@ -845,7 +859,11 @@ class AgentOptions:
     # --node-labels, in the order given (a tuple keeps the options hashable).
     node_labels: tuple[tuple[str, str], ...] = ()
     kubeconfig: Path | None = None
-    # Where the self-signed serving certificate goes (Go's --cert-dir); None: <root-dir>/pki.
+    # The kubeconfig to ask the cluster for a client certificate with when --kubeconfig is
+    # missing or its certificate is unusable (TLS bootstrap).
+    bootstrap_kubeconfig: Path | None = None
+    # Where certificates go (Go's --cert-dir): the self-signed serving pair, and the ones the
+    # cluster issues; None: <root-dir>/pki.
     cert_dir: Path | None = None
     record: Path | None = None
     record_max_bytes: int | None = None
@@ -858,6 +876,11 @@ class AgentOptions:
     # --maximum-dead-containers-per-container, --maximum-dead-containers (flags only).
     container_gc: GCPolicy = field(default_factory=GCPolicy)
 
+    @property
+    def certificate_dir(self) -> Path:
+        """--cert-dir, or <root-dir>/pki."""
+        return self.cert_dir if self.cert_dir is not None else self.root_dir / "pki"
+
 
 def build_agent_options(
     *,
@@ -868,6 +891,7 @@ def build_agent_options(
     node_ip: str | None = None,
     node_labels: Sequence[str] = (),
     kubeconfig: Path | None = None,
+    bootstrap_kubeconfig: Path | None = None,
     cert_dir: Path | None = None,
     record: Path | None = None,
     record_max_bytes: int | None = None,
@@ -882,7 +906,8 @@ def build_agent_options(
         root_dir=root_dir.absolute(),
         node_ip=parse_node_ips(node_ip) if node_ip else None,
         node_labels=parse_node_labels(node_labels),
-        kubeconfig=kubeconfig,
+        kubeconfig=_checked_kubeconfig(kubeconfig, bootstrap_kubeconfig),
+        bootstrap_kubeconfig=bootstrap_kubeconfig,
         cert_dir=cert_dir.absolute() if cert_dir is not None else None,
         record=record,
         record_max_bytes=record_max_bytes,
