@@ -339,6 +339,13 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
     ),
     ConfigFlag("--register-node", "registerNode", _bool, "register the node with the API server"),
     ConfigFlag(
+        "--node-status-max-images",
+        "nodeStatusMaxImages",
+        _int,
+        "images listed in the Node's status, largest first (-1: all; default 50)",
+        "N",
+    ),
+    ConfigFlag(
         "--rotate-certificates",
         "rotateCertificates",
         _bool,

@@ -91,13 +91,12 @@ GO_ONLY_FIELDS = _words(
     cpuManagerPolicyOptions singleProcessOOMKill cpuManagerReconcilePeriod
     memoryManagerPolicy topologyManagerPolicy topologyManagerScope
     topologyManagerPolicyOptions qosReserved hairpinMode podCIDR
-    runOnce cpuCFSQuota cpuCFSQuotaPeriod nodeStatusMaxImages maxOpenFiles contentType
+    runOnce cpuCFSQuota cpuCFSQuotaPeriod maxOpenFiles contentType
     podsPerCore enableControllerAttachDetach protectKernelDefaults makeIPTablesUtilChains
     iptablesMasqueradeBit iptablesDropBit failSwapOn memorySwap containerLogMaxWorkers
     containerLogMonitorInterval configMapAndSecretChangeDetectionStrategy reservedSystemCPUs
     showHiddenMetricsForVersion systemReservedCgroup kubeReservedCgroup
     kernelMemcgNotification logging enableSystemLogHandler enableSystemLogQuery
-    shutdownGracePeriod shutdownGracePeriodCriticalPods shutdownGracePeriodByPodPriority
     reservedMemory enableProfilingHandler enableDebugFlagsHandler seccompDefault
     memoryThrottlingFactor tracing
     failCgroupV1 userNamespaces podHousekeepingPeriod"""
@@ -355,6 +354,14 @@ class Taint(_ConfigModel):
         return self
 
 
+class ShutdownGracePeriodByPodPriority(_ConfigModel):
+    """One round of a graceful node shutdown: pods of at least ``priority`` get this many
+    seconds."""
+
+    priority: int
+    shutdown_grace_period_seconds: Annotated[int, BeforeValidator(_non_negative)]
+
+
 class KubeletConfiguration(_ConfigModel):
     """The subset of ``kubelet.config.k8s.io/v1beta1`` KubeletConfiguration this agent acts on.
 
@@ -421,6 +428,8 @@ class KubeletConfiguration(_ConfigModel):
     # Go: an explicit "" is kept, not defaulted).
     resolv_conf: str = "/etc/resolv.conf"
     node_status_update_frequency: Duration = 10.0
+    # Images listed in the Node's status.images, largest first; -1: all of them.
+    node_status_max_images: Annotated[int, _range(-1, 2**31 - 1)] = 50
     node_status_report_frequency: Duration = 300.0
     node_lease_duration_seconds: Annotated[int, BeforeValidator(_positive)] = 40
     register_node: bool = True
@@ -451,6 +460,14 @@ class KubeletConfiguration(_ConfigModel):
     merge_default_eviction_settings: bool = False
     # Evict pods past their own local storage limits (emptyDir sizeLimit, ephemeral-storage).
     local_storage_capacity_isolation: bool = True
+
+    # Graceful node shutdown (on SIGTERM here; see node/shutdown.py): the whole budget and the
+    # part of it kept for critical pods, or explicit rounds by pod priority.
+    shutdown_grace_period: Duration = 0.0
+    shutdown_grace_period_critical_pods: Duration = 0.0
+    shutdown_grace_period_by_pod_priority: list[ShutdownGracePeriodByPodPriority] = Field(
+        default_factory=list
+    )
 
     # Cgroups and node allocatable.
     cgroups_per_qos: bool = Field(default=True, alias="cgroupsPerQOS")
@@ -521,7 +538,27 @@ class KubeletConfiguration(_ConfigModel):
                 )
         if "none" in self.enforce_node_allocatable and len(self.enforce_node_allocatable) > 1:
             raise ValueError('enforceNodeAllocatable: "none" cannot be combined with other values')
+        self._check_shutdown()
         return self
+
+    def _check_shutdown(self) -> None:
+        """Go's rules for the graceful shutdown periods."""
+        whole, critical = self.shutdown_grace_period, self.shutdown_grace_period_critical_pods
+        for name, period in (("shutdownGracePeriod", whole),
+                             ("shutdownGracePeriodCriticalPods", critical)):
+            if 0 < period < 1:
+                raise ValueError(f"{name}: {format_duration(period)} must be either zero or "
+                                 "otherwise >= 1 sec")
+        if critical > whole:
+            raise ValueError(
+                f"shutdownGracePeriodCriticalPods: {format_duration(critical)} must be <= "
+                f"shutdownGracePeriod ({format_duration(whole)})"
+            )
+        if self.shutdown_grace_period_by_pod_priority and (whole > 0 or critical > 0):
+            raise ValueError(
+                "shutdownGracePeriodByPodPriority: cannot be given together with "
+                "shutdownGracePeriod or shutdownGracePeriodCriticalPods"
+            )
 
     def to_wire(self) -> dict[str, Any]:
         """The configuration as a KubeletConfiguration document (camelCase, Go durations)."""
@@ -839,11 +876,17 @@ def parse_node_labels(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
     return tuple(labels.items())
 
 
-def _checked_kubeconfig(kubeconfig: Path | None, bootstrap: Path | None) -> Path | None:
+def _checked_kubeconfig(
+    kubeconfig: Path | None, bootstrap: Path | None, config: KubeletConfiguration
+) -> Path | None:
     if bootstrap is not None and kubeconfig is None:
         raise ConfigError(
             "--bootstrap-kubeconfig: needs --kubeconfig (where the kubeconfig for the "
             "certificate it obtains is written)"
+        )
+    if config.server_tls_bootstrap and kubeconfig is None:
+        raise ConfigError(
+            "serverTLSBootstrap: needs --kubeconfig (the cluster issues the serving certificate)"
         )
     return kubeconfig
 
@@ -900,13 +943,14 @@ def build_agent_options(
     container_gc: GCPolicy | None = None,
 ) -> AgentOptions:
     """Load and check everything; raises :class:`ConfigError` naming the field or flag."""
+    config = load_config(config_file, overrides)
     return AgentOptions(
-        config=load_config(config_file, overrides),
+        config=config,
         node_name=resolve_node_name(hostname_override),
         root_dir=root_dir.absolute(),
         node_ip=parse_node_ips(node_ip) if node_ip else None,
         node_labels=parse_node_labels(node_labels),
-        kubeconfig=_checked_kubeconfig(kubeconfig, bootstrap_kubeconfig),
+        kubeconfig=_checked_kubeconfig(kubeconfig, bootstrap_kubeconfig, config),
         bootstrap_kubeconfig=bootstrap_kubeconfig,
         cert_dir=cert_dir.absolute() if cert_dir is not None else None,
         record=record,

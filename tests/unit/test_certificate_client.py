@@ -8,9 +8,13 @@ import datetime
 import json
 import logging
 import os
+import random
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from tests.certificates_fake import CA, CSRApi
@@ -18,7 +22,15 @@ from trio_kubelet.apiserver.client import APIClient
 from trio_kubelet.apiserver.kubeconfig import Connection, KubeconfigError
 from trio_kubelet.certificate.client import client_credentials
 from trio_kubelet.certificate.csr import CertificateRequestError, obtain_certificate
-from trio_kubelet.certificate.keys import load_private_key, new_private_key, public_key_der
+from trio_kubelet.certificate.keys import (
+    KeyPair,
+    key_pair,
+    load_private_key,
+    new_private_key,
+    public_key_der,
+)
+from trio_kubelet.certificate.rotation import rotate_forever
+from trio_kubelet.certificate.serving import ServingCertificateManager
 from trio_kubelet.certificate.store import CertificateStore
 from trio_kubelet.cli import parse_run_options
 from trio_kubelet.config import AgentOptions
@@ -248,3 +260,91 @@ def test_a_missing_bootstrap_kubeconfig_is_named(tmp_path: Path) -> None:
 def test_without_bootstrap_a_missing_kubeconfig_is_still_an_error(tmp_path: Path) -> None:
     with pytest.raises(KubeconfigError, match=r"^--kubeconfig .*kubelet.conf: No such file"):
         client_credentials(options(tmp_path, "--rotate-certificates"), NOW)
+
+
+# --- the renewal loop ----------------------------------------------------------------------
+
+
+async def test_renewals_come_at_the_jittered_deadline_and_failures_are_retried(
+    ca: CA, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A 100 s certificate (from 10 s ago) is renewed at 70-90 % of its life; a failed try is
+    retried 2 s later; the renewed one is renewed in turn at its own deadline."""
+    start = trio.current_time()
+    epoch = NOW.timestamp()
+
+    def clock() -> float:
+        return epoch + (trio.current_time() - start)
+
+    def pair(issued_at: float) -> KeyPair:
+        cert, key = ca.node_pair(
+            "n1",
+            not_before=datetime.datetime.fromtimestamp(issued_at, datetime.UTC),
+            life=datetime.timedelta(seconds=100),
+        )
+        return key_pair(cert, key)
+
+    current = [pair(clock() - 10)]
+    attempts: list[float] = []
+
+    async def renew() -> KeyPair:
+        attempts.append(trio.current_time() - start)
+        if len(attempts) == 1:
+            raise CertificateRequestError("the API server said no")
+        current.append(pair(clock()))
+        return current[-1]
+
+    rng = random.Random(7)
+    jitters = [random.Random(7).random()]
+    with trio.move_on_after(200):
+        await rotate_forever(
+            lambda: current[-1],
+            client_template("n1"),
+            renew,
+            "client certificate",
+            clock=clock,
+            rng=rng,
+        )
+    facts = current[0].facts  # certificates count whole seconds: from its own not_before
+    deadline = facts.not_before + (facts.not_after - facts.not_before) * (0.7 + 0.2 * jitters[0])
+    assert attempts[0] == pytest.approx(deadline.timestamp() - epoch, abs=0.01)
+    assert 2.0 <= attempts[1] - attempts[0] <= 2.2  # the retry
+    assert 70 <= attempts[2] - attempts[1] <= 90  # the next renewal, 70-90 % into the new life
+    assert len(current) >= 3
+
+
+# --- the serving certificate -------------------------------------------------------------
+
+
+async def test_the_serving_certificate_is_requested_for_the_node_addresses_and_served(
+    ca: CA, tmp_path: Path
+) -> None:
+    fake = CSRApi(ca)
+    node = options(tmp_path, "--rotate-certificates")
+    manager = ServingCertificateManager(
+        node,
+        api_for(fake),
+        lambda: [("InternalIP", "10.0.0.7"), ("Hostname", "n1")],
+        clock=lambda: NOW.timestamp(),
+    )
+    assert manager.context.context is None  # nothing to serve yet
+    with trio.move_on_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(manager.run)
+            while manager.current is None:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    (sent,) = fake.created
+    assert sent["spec"]["signerName"] == "kubernetes.io/kubelet-serving"
+    assert sent["spec"]["usages"] == ["digital signature", "server auth"]
+    request = x509.load_pem_x509_csr(base64.b64decode(sent["spec"]["request"]))
+    sans = request.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["n1"]
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["10.0.0.7"]
+    assert manager.context.context is not None
+    assert (tmp_path / "pki" / "kubelet-server-current.pem").is_symlink()
+    # A restart serves the stored pair at once.
+    again = ServingCertificateManager(
+        node, api_for(fake), lambda: [], clock=lambda: NOW.timestamp()
+    )
+    assert again.current == manager.current and again.context.context is not None

@@ -695,6 +695,12 @@ def test_bootstrap_kubeconfig_needs_kubeconfig() -> None:
         cli.parse_run_options(["--hostname-override=n", "--bootstrap-kubeconfig=/b.conf"])
 
 
+def test_server_tls_bootstrap_needs_kubeconfig(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "serverTLSBootstrap: true\n")
+    with pytest.raises(ConfigError, match="serverTLSBootstrap: needs --kubeconfig"):
+        cli.parse_run_options(["--hostname-override=n", f"--config={config}"])
+
+
 def test_certificate_fields_from_the_config_file(tmp_path: Path) -> None:
     config = load_config_file(
         write_config(tmp_path, "rotateCertificates: true\nserverTLSBootstrap: true\n"))
