@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from fractions import Fraction
 from functools import partial
 from pathlib import Path
@@ -19,6 +20,9 @@ from trio_kubelet.apiserver.kubeconfig import load_kubeconfig
 from trio_kubelet.apiserver.object_cache import ObjectCache, PodObjects
 from trio_kubelet.apiserver.services import ServiceCache
 from trio_kubelet.apiserver.tokens import TokenSource
+from trio_kubelet.certificate.client import ClientCertificateManager, client_credentials
+from trio_kubelet.certificate.rotation import wall_time
+from trio_kubelet.certificate.serving import ServingCertificateManager, node_addresses
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.config import AgentOptions
 from trio_kubelet.core.pod_cgroups import KUBEPODS, cgroup_path, kubepods_config
@@ -32,6 +36,7 @@ from trio_kubelet.core.pod_dns import (
 from trio_kubelet.core.timestamps import format_time
 from trio_kubelet.events import Event, ResyncTick
 from trio_kubelet.images.gc import ImageGC, image_gc_policy
+from trio_kubelet.images.listing import NodeImages
 from trio_kubelet.images.manager import ImageManager
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
@@ -44,6 +49,7 @@ from trio_kubelet.node.registration import (
     configured_allocatable,
     machine_capacity,
 )
+from trio_kubelet.node.shutdown import NodeShutdownManager
 from trio_kubelet.probes.manager import ProbeManager
 from trio_kubelet.probes.prober import Prober
 from trio_kubelet.reconcile.container_gc import CONTAINER_GC_PERIOD, ContainerGC
@@ -217,12 +223,35 @@ async def _resync(send: trio.MemorySendChannel[Event], period: float) -> None:
             await send.send(ResyncTick())
 
 
-async def _stop_on_signal(cancel_scope: trio.CancelScope) -> None:
+async def _stop_on_signal(
+    cancel_scope: trio.CancelScope, node_shutdown: trio.Event | None
+) -> None:
+    """SIGINT, or SIGTERM without graceful node shutdown: stop the agent, pods keep running.
+    SIGTERM with it (``node_shutdown``): shut the node down first; a second signal stops now."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
-            log.info("Received %s, shutting down (pods keep running)", signal.Signals(signum).name)
+            name = signal.Signals(signum).name
+            first_term = node_shutdown is not None and not node_shutdown.is_set()
+            if signum == signal.SIGTERM and node_shutdown is not None and first_term:
+                log.info("Received %s: graceful node shutdown", name)
+                node_shutdown.set()
+                continue
+            log.info("Received %s, shutting down (pods keep running)", name)
             cancel_scope.cancel()
             return
+
+
+async def _shut_down_node(
+    requested: trio.Event,
+    shutdown: NodeShutdownManager,
+    loop: SyncLoop,
+    store: PodStatusStore,
+    cancel_scope: trio.CancelScope,
+) -> None:
+    """Once SIGTERM asked for it: stop the pods as the node shutdown says, then the agent."""
+    await requested.wait()
+    await shutdown.shut_down(loop, store.is_stopped)
+    cancel_scope.cancel()
 
 
 def pod_sources(options: AgentOptions) -> list[str]:
@@ -235,19 +264,37 @@ def pod_sources(options: AgentOptions) -> list[str]:
     return sources
 
 
-def open_api_client(options: AgentOptions, metrics: AgentMetrics) -> APIClient | None:
-    """The API-server client ``--kubeconfig`` asks for; raises KubeconfigError if unusable."""
+def open_api_client(
+    options: AgentOptions, metrics: AgentMetrics, clock: TrioWallClock
+) -> tuple[APIClient | None, ClientCertificateManager | None]:
+    """The API-server client ``--kubeconfig`` asks for, and the manager of its client
+    certificate when it comes from the cluster (--bootstrap-kubeconfig, rotateCertificates);
+    raises KubeconfigError if there are no usable credentials."""
     if options.kubeconfig is None:
-        return None
-    connection = load_kubeconfig(options.kubeconfig)
+        return None, None
     config = options.config
+    managed = options.bootstrap_kubeconfig is not None or config.rotate_certificates
+    if managed:
+        credentials = client_credentials(options, wall_time(clock.now))
+        connection = credentials.connection
+    else:
+        connection = load_kubeconfig(options.kubeconfig)
     log.info("Using API server %s (kubeconfig %s)", connection.server, options.kubeconfig)
-    return APIClient(
+    api = APIClient(
         connection,
         qps=config.kube_api_qps,
         burst=config.kube_api_burst,
         observer=metrics.api_observer,
     )
+    if not managed:
+        return api, None
+    return api, ClientCertificateManager(options, credentials, api, clock=clock.now)
+
+
+async def _once_ready(ready: trio.Event, start: Callable[[], Awaitable[None]]) -> None:
+    """Run ``start`` once the client certificate is in use (after a TLS bootstrap)."""
+    await ready.wait()
+    await start()
 
 
 async def _run_cluster_tasks(
@@ -260,10 +307,11 @@ async def _run_cluster_tasks(
     loop: SyncLoop,
     ctx: WorkerContext,
     clock: TrioWallClock,
+    shutdown: NodeShutdownManager,
     pressure: NodePressure | None = None,
 ) -> None:
     """The API-server side: the Node and its Lease, pod source, referenced objects and
-    Services, pod statuses, mirror pods."""
+    Services, pod statuses, mirror pods. ``send`` becomes the pod source's (it closes it)."""
     probe = RuntimeProbe(cri)
     await probe.probe()  # the first answer, before the first node status
     nursery.start_soon(probe.run)
@@ -271,8 +319,12 @@ async def _run_cluster_tasks(
     health = probe.health(
         lambda: pleg_error(trio.current_time(), loop.last_relist_ok, started), pressure
     )
+    images = NodeImages(cri)  # status.images
+    await nursery.start(images.run)
+    health = replace(health, shutdown_error=shutdown.shutdown_error, images=lambda: images.latest)
     node = NodeManager(api, options, health, clock, events=events)
     await nursery.start(node.run)
+    shutdown.on_shutdown.append(node.sync_soon)
     config_maps = ObjectCache(api, "configmaps")
     secrets = ObjectCache(api, "secrets")
     services = ServiceCache(api)  # every Service, for containers' link variables
@@ -283,7 +335,7 @@ async def _run_cluster_tasks(
     ctx.objects = PodObjects(config_maps, secrets, services)
     ctx.tokens = TokenSource(api, clock.now)
     api_source = partial(run_api_source, client=api, node_name=options.node_name, state=pods)
-    nursery.start_soon(supervise, "api", api_source, send.clone())
+    nursery.start_soon(supervise, "api", api_source, send)
 
     def static_pods() -> dict[str, Pod] | None:
         """The file and URL sources' pods, once every one of them has reported."""
@@ -305,6 +357,7 @@ async def _run_cluster_tasks(
         wall_time=lambda: format_time(clock.now()),
     )
     nursery.start_soon(statuses.run)
+    shutdown.reports += [statuses.sync_all, node.sync_status]
 
 
 def _start_recorder(
@@ -346,6 +399,7 @@ async def _serve(
     view: NodeView,
     metrics: AgentMetrics,
     api: APIClient | None,
+    serving: ServingCertificateManager | None,
     *,
     task_status: trio.TaskStatus[ServerAddresses] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -356,7 +410,8 @@ async def _serve(
     read_only = [*node.read_only, stats]
     review = ReviewClient(api.http) if api is not None else None
     await run_servers(
-        view, full, read_only, metrics=metrics, review=review, task_status=task_status
+        view, full, read_only, metrics=metrics, review=review,
+        serving=serving.context if serving is not None else None, task_status=task_status,
     )
 
 
@@ -391,9 +446,22 @@ async def run_agent(
     metrics = AgentMetrics(options.node_name)
     loops: list[SyncLoop] = []
     recorder = _start_recorder(options, clock, lambda: loops[0])
-    api = open_api_client(options, metrics)
+    api, certificates = open_api_client(options, metrics, clock)
+    credentials_ready = certificates.ready if certificates is not None else trio.Event()
+    if certificates is None:
+        credentials_ready.set()
     async with trio.open_nursery() as top:
-        top.start_soon(_stop_on_signal, top.cancel_scope)
+        shutdown = NodeShutdownManager(config, options.node_name)
+        node_shutdown = trio.Event() if shutdown.enabled else None
+        top.start_soon(_stop_on_signal, top.cancel_scope, node_shutdown)
+        if certificates is not None:
+            top.start_soon(certificates.run)
+        serving = None
+        if api is not None and config.server_tls_bootstrap:
+            serving = ServingCertificateManager(
+                options, api, partial(node_addresses, options), clock=clock.now
+            )
+            top.start_soon(_once_ready, credentials_ready, serving.run)
         if recorder is not None:
             await top.start(recorder.run)
         observer = _observers(
@@ -405,7 +473,9 @@ async def run_agent(
             runtime = await wait_for_runtime(client, endpoint)
             log.info("Connected to container runtime %s at %s", runtime, endpoint)
             events = EventRecorder(options.node_name, api, clock=clock.now)
-            top.start_soon(events.run)
+            shutdown.events = events
+            # Events wait in the recorder's queue until the API server knows who we are.
+            top.start_soon(_once_ready, credentials_ready, events.run)
             # One image manager for all pod workers (the node-wide pull limit); image GC
             # learns from it which images containers are about to use. The eviction
             # manager's disk reclaim calls image_gc.reclaim.
@@ -466,11 +536,17 @@ async def run_agent(
                 metrics=metrics,
                 recorder=recorder,
             )
-            loop.node_conditions = eviction.node_conditions
+            loop.node_conditions = lambda: (
+                *eviction.node_conditions(), *shutdown.admission_conditions()
+            )
             async with trio.open_nursery() as nursery:
                 ctx.qos = await _start_qos_cgroups(nursery, options, store, pods_limits)
                 await nursery.start(probes.run)
                 await nursery.start(loop.run, receive)
+                if node_shutdown is not None:
+                    nursery.start_soon(
+                        _shut_down_node, node_shutdown, shutdown, loop, store, top.cancel_scope
+                    )
                 # Dead containers, empty sandboxes, log directories and cgroups of gone pods;
                 # the eviction manager's disk reclaim calls container_gc.reclaim.
                 container_gc = ContainerGC(
@@ -496,9 +572,17 @@ async def run_agent(
                     )
                     await nursery.start(supervise, "file", static_files, send.clone())
                 if api is not None:
-                    await _run_cluster_tasks(
-                        nursery, send, api, client, events, options, loop, ctx, clock, eviction
+                    cluster = partial(
+                        _run_cluster_tasks,
+                        nursery, send.clone(), api, client, events, options, loop, ctx, clock,
+                        shutdown, eviction,
                     )
+                    if credentials_ready.is_set():
+                        await cluster()
+                    else:
+                        # Static pods do not wait for a TLS bootstrap (the node's own API server
+                        # may be one of them): the cluster side starts once it is done.
+                        nursery.start_soon(_once_ready, credentials_ready, cluster)
                 if config.static_pod_url:
                     manifest_url = partial(
                         run_manifest_url,
@@ -529,7 +613,7 @@ async def run_agent(
                     latest_sample=lambda: sampler.latest,
                     pod_logs_dir=Path(config.pod_logs_dir),
                 )
-                await nursery.start(partial(_serve, view, metrics, api))
+                await nursery.start(partial(_serve, view, metrics, api, serving))
                 if options.show_pods:
                     nursery.start_soon(print_pod_changes, store, sys.stdout, clock)
                 send.close()

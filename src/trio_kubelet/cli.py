@@ -339,6 +339,19 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
     ),
     ConfigFlag("--register-node", "registerNode", _bool, "register the node with the API server"),
     ConfigFlag(
+        "--node-status-max-images",
+        "nodeStatusMaxImages",
+        _int,
+        "images listed in the Node's status, largest first (-1: all; default 50)",
+        "N",
+    ),
+    ConfigFlag(
+        "--rotate-certificates",
+        "rotateCertificates",
+        _bool,
+        "renew the client certificate from the cluster before it expires",
+    ),
+    ConfigFlag(
         "--register-with-taints",
         "registerWithTaints",
         _taints,
@@ -448,7 +461,6 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
 # Go kubelet flags for features trio-kubelet does not have. A command line written for the
 # Go kubelet still starts the agent; each one given is named in a warning at start-up.
 GO_ONLY_FLAGS = (
-    "--bootstrap-kubeconfig",
     "--cloud-provider",
     "--fail-swap-on",
     "--image-credential-provider-bin-dir",
@@ -460,7 +472,6 @@ GO_ONLY_FLAGS = (
     "--pod-infra-container-image",
     "--protect-kernel-defaults",
     "--provider-id",
-    "--rotate-certificates",
     "--runtime-cgroups",
     "--system-cgroups",
     "--system-reserved-cgroup",
@@ -485,6 +496,13 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         help="API server credentials; without it the node runs standalone",
+    )
+    node.add_argument(
+        "--bootstrap-kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help="credentials to ask the cluster for a client certificate with when --kubeconfig "
+        "is missing or its certificate is unusable (TLS bootstrap)",
     )
     node.add_argument(
         "--root-dir",
@@ -535,8 +553,8 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "--cert-dir",
         type=Path,
         metavar="DIR",
-        help="where the self-signed serving certificate is kept when --tls-cert-file is not "
-        "given (default <root-dir>/pki)",
+        help="where certificates are kept: the self-signed serving one when --tls-cert-file is "
+        "not given, and those the cluster issues (default <root-dir>/pki)",
     )
     _add_container_gc_flags(parser)
     go_only = parser.add_argument_group(
@@ -650,6 +668,7 @@ def agent_options(args: argparse.Namespace) -> AgentOptions:
         node_ip=args.node_ip,
         node_labels=args.node_labels,
         kubeconfig=args.kubeconfig,
+        bootstrap_kubeconfig=args.bootstrap_kubeconfig,
         cert_dir=args.cert_dir,
         record=args.record,
         record_max_bytes=args.record_max_bytes,

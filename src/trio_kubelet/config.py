@@ -83,21 +83,20 @@ _NODE_ALLOCATABLE_KEYS = frozenset(
 # KubeletConfiguration fields of the Go kubelet that this agent does not implement:
 # accepted without complaint (an operator's existing file must load) and listed once.
 GO_ONLY_FIELDS = _words(
-    """enableServer volumePluginDir providerID tlsCipherSuites tlsMinVersion rotateCertificates
-    serverTLSBootstrap imagePullCredentialsVerificationPolicy
+    """enableServer volumePluginDir providerID tlsCipherSuites tlsMinVersion
+    imagePullCredentialsVerificationPolicy
     preloadedImagesVerificationAllowlist eventRecordQPS eventBurst enableDebuggingHandlers
     enableContentionProfiling oomScoreAdj
     kubeletCgroups systemCgroups cpuManagerPolicy
     cpuManagerPolicyOptions singleProcessOOMKill cpuManagerReconcilePeriod
     memoryManagerPolicy topologyManagerPolicy topologyManagerScope
     topologyManagerPolicyOptions qosReserved hairpinMode podCIDR
-    runOnce cpuCFSQuota cpuCFSQuotaPeriod nodeStatusMaxImages maxOpenFiles contentType
+    runOnce cpuCFSQuota cpuCFSQuotaPeriod maxOpenFiles contentType
     podsPerCore enableControllerAttachDetach protectKernelDefaults makeIPTablesUtilChains
     iptablesMasqueradeBit iptablesDropBit failSwapOn memorySwap containerLogMaxWorkers
     containerLogMonitorInterval configMapAndSecretChangeDetectionStrategy reservedSystemCPUs
     showHiddenMetricsForVersion systemReservedCgroup kubeReservedCgroup
     kernelMemcgNotification logging enableSystemLogHandler enableSystemLogQuery
-    shutdownGracePeriod shutdownGracePeriodCriticalPods shutdownGracePeriodByPodPriority
     reservedMemory enableProfilingHandler enableDebugFlagsHandler seccompDefault
     memoryThrottlingFactor tracing
     failCgroupV1 userNamespaces podHousekeepingPeriod"""
@@ -355,6 +354,14 @@ class Taint(_ConfigModel):
         return self
 
 
+class ShutdownGracePeriodByPodPriority(_ConfigModel):
+    """One round of a graceful node shutdown: pods of at least ``priority`` get this many
+    seconds."""
+
+    priority: int
+    shutdown_grace_period_seconds: Annotated[int, BeforeValidator(_non_negative)]
+
+
 class KubeletConfiguration(_ConfigModel):
     """The subset of ``kubelet.config.k8s.io/v1beta1`` KubeletConfiguration this agent acts on.
 
@@ -403,6 +410,11 @@ class KubeletConfiguration(_ConfigModel):
     healthz_bind_address: IPAddress = "127.0.0.1"
     tls_cert_file: str = ""
     tls_private_key_file: str = ""
+    # Renew the client certificate from the cluster before it expires (CSRs).
+    rotate_certificates: bool = False
+    # Serve 10250 with a certificate the cluster issues (kubernetes.io/kubelet-serving CSRs),
+    # renewed like the client one, instead of a self-signed or given one.
+    server_tls_bootstrap: bool = Field(default=False, alias="serverTLSBootstrap")
     authentication: KubeletAuthentication = Field(default_factory=KubeletAuthentication)
     authorization: KubeletAuthorization = Field(default_factory=KubeletAuthorization)
 
@@ -416,6 +428,8 @@ class KubeletConfiguration(_ConfigModel):
     # Go: an explicit "" is kept, not defaulted).
     resolv_conf: str = "/etc/resolv.conf"
     node_status_update_frequency: Duration = 10.0
+    # Images listed in the Node's status.images, largest first; -1: all of them.
+    node_status_max_images: Annotated[int, _range(-1, 2**31 - 1)] = 50
     node_status_report_frequency: Duration = 300.0
     node_lease_duration_seconds: Annotated[int, BeforeValidator(_positive)] = 40
     register_node: bool = True
@@ -446,6 +460,14 @@ class KubeletConfiguration(_ConfigModel):
     merge_default_eviction_settings: bool = False
     # Evict pods past their own local storage limits (emptyDir sizeLimit, ephemeral-storage).
     local_storage_capacity_isolation: bool = True
+
+    # Graceful node shutdown (on SIGTERM here; see node/shutdown.py): the whole budget and the
+    # part of it kept for critical pods, or explicit rounds by pod priority.
+    shutdown_grace_period: Duration = 0.0
+    shutdown_grace_period_critical_pods: Duration = 0.0
+    shutdown_grace_period_by_pod_priority: list[ShutdownGracePeriodByPodPriority] = Field(
+        default_factory=list
+    )
 
     # Cgroups and node allocatable.
     cgroups_per_qos: bool = Field(default=True, alias="cgroupsPerQOS")
@@ -516,7 +538,27 @@ class KubeletConfiguration(_ConfigModel):
                 )
         if "none" in self.enforce_node_allocatable and len(self.enforce_node_allocatable) > 1:
             raise ValueError('enforceNodeAllocatable: "none" cannot be combined with other values')
+        self._check_shutdown()
         return self
+
+    def _check_shutdown(self) -> None:
+        """Go's rules for the graceful shutdown periods."""
+        whole, critical = self.shutdown_grace_period, self.shutdown_grace_period_critical_pods
+        for name, period in (("shutdownGracePeriod", whole),
+                             ("shutdownGracePeriodCriticalPods", critical)):
+            if 0 < period < 1:
+                raise ValueError(f"{name}: {format_duration(period)} must be either zero or "
+                                 "otherwise >= 1 sec")
+        if critical > whole:
+            raise ValueError(
+                f"shutdownGracePeriodCriticalPods: {format_duration(critical)} must be <= "
+                f"shutdownGracePeriod ({format_duration(whole)})"
+            )
+        if self.shutdown_grace_period_by_pod_priority and (whole > 0 or critical > 0):
+            raise ValueError(
+                "shutdownGracePeriodByPodPriority: cannot be given together with "
+                "shutdownGracePeriod or shutdownGracePeriodCriticalPods"
+            )
 
     def to_wire(self) -> dict[str, Any]:
         """The configuration as a KubeletConfiguration document (camelCase, Go durations)."""
@@ -834,6 +876,21 @@ def parse_node_labels(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
     return tuple(labels.items())
 
 
+def _checked_kubeconfig(
+    kubeconfig: Path | None, bootstrap: Path | None, config: KubeletConfiguration
+) -> Path | None:
+    if bootstrap is not None and kubeconfig is None:
+        raise ConfigError(
+            "--bootstrap-kubeconfig: needs --kubeconfig (where the kubeconfig for the "
+            "certificate it obtains is written)"
+        )
+    if config.server_tls_bootstrap and kubeconfig is None:
+        raise ConfigError(
+            "serverTLSBootstrap: needs --kubeconfig (the cluster issues the serving certificate)"
+        )
+    return kubeconfig
+
+
 @dataclass(frozen=True)
 class AgentOptions:
     """Everything the agent is started with: the configuration and the node's flag-only options."""
@@ -845,7 +902,11 @@ class AgentOptions:
     # --node-labels, in the order given (a tuple keeps the options hashable).
     node_labels: tuple[tuple[str, str], ...] = ()
     kubeconfig: Path | None = None
-    # Where the self-signed serving certificate goes (Go's --cert-dir); None: <root-dir>/pki.
+    # The kubeconfig to ask the cluster for a client certificate with when --kubeconfig is
+    # missing or its certificate is unusable (TLS bootstrap).
+    bootstrap_kubeconfig: Path | None = None
+    # Where certificates go (Go's --cert-dir): the self-signed serving pair, and the ones the
+    # cluster issues; None: <root-dir>/pki.
     cert_dir: Path | None = None
     record: Path | None = None
     record_max_bytes: int | None = None
@@ -858,6 +919,11 @@ class AgentOptions:
     # --maximum-dead-containers-per-container, --maximum-dead-containers (flags only).
     container_gc: GCPolicy = field(default_factory=GCPolicy)
 
+    @property
+    def certificate_dir(self) -> Path:
+        """--cert-dir, or <root-dir>/pki."""
+        return self.cert_dir if self.cert_dir is not None else self.root_dir / "pki"
+
 
 def build_agent_options(
     *,
@@ -868,6 +934,7 @@ def build_agent_options(
     node_ip: str | None = None,
     node_labels: Sequence[str] = (),
     kubeconfig: Path | None = None,
+    bootstrap_kubeconfig: Path | None = None,
     cert_dir: Path | None = None,
     record: Path | None = None,
     record_max_bytes: int | None = None,
@@ -876,13 +943,15 @@ def build_agent_options(
     container_gc: GCPolicy | None = None,
 ) -> AgentOptions:
     """Load and check everything; raises :class:`ConfigError` naming the field or flag."""
+    config = load_config(config_file, overrides)
     return AgentOptions(
-        config=load_config(config_file, overrides),
+        config=config,
         node_name=resolve_node_name(hostname_override),
         root_dir=root_dir.absolute(),
         node_ip=parse_node_ips(node_ip) if node_ip else None,
         node_labels=parse_node_labels(node_labels),
-        kubeconfig=kubeconfig,
+        kubeconfig=_checked_kubeconfig(kubeconfig, bootstrap_kubeconfig, config),
+        bootstrap_kubeconfig=bootstrap_kubeconfig,
         cert_dir=cert_dir.absolute() if cert_dir is not None else None,
         record=record,
         record_max_bytes=record_max_bytes,

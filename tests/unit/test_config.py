@@ -264,11 +264,11 @@ def test_unknown_fields_warn_by_name_and_are_ignored(
 def test_go_fields_we_do_not_implement_are_not_warned_about(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = write_config(tmp_path, "rotateCertificates: true\npodCIDR: 10.0.0.0/24\n")
+    path = write_config(tmp_path, "tlsMinVersion: VersionTLS12\npodCIDR: 10.0.0.0/24\n")
     with caplog.at_level(logging.INFO, logger="trio_kubelet.config"):
         load_config_file(path)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert any("rotateCertificates, podCIDR" in r.getMessage() for r in caplog.records)
+    assert any("tlsMinVersion, podCIDR" in r.getMessage() for r in caplog.records)
 
 
 # --- invalid files: one line, naming the field ----------------------------------------------
@@ -675,6 +675,36 @@ def test_go_auth_webhook_flags_set_their_config_fields() -> None:
     assert options.cert_dir == Path("/var/lib/kubelet/pki")
     assert cli.parse_run_options(["--hostname-override=n", "--authentication-token-webhook"]
                                  ).config.authentication.webhook.enabled
+
+
+def test_tls_bootstrap_and_rotation_flags() -> None:
+    options = cli.parse_run_options(
+        ["--hostname-override=n", "--kubeconfig=/etc/kubernetes/kubelet.conf",
+         "--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf",
+         "--rotate-certificates", "--cert-dir=/var/lib/kubelet/pki"]
+    )
+    assert options.bootstrap_kubeconfig == Path("/etc/kubernetes/bootstrap-kubelet.conf")
+    assert options.config.rotate_certificates and not options.config.server_tls_bootstrap
+    assert options.certificate_dir == Path("/var/lib/kubelet/pki")
+    assert cli.parse_run_options(["--hostname-override=n", "--root-dir=/r"]
+                                 ).certificate_dir == Path("/r/pki")
+
+
+def test_bootstrap_kubeconfig_needs_kubeconfig() -> None:
+    with pytest.raises(ConfigError, match="--bootstrap-kubeconfig: needs --kubeconfig"):
+        cli.parse_run_options(["--hostname-override=n", "--bootstrap-kubeconfig=/b.conf"])
+
+
+def test_server_tls_bootstrap_needs_kubeconfig(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "serverTLSBootstrap: true\n")
+    with pytest.raises(ConfigError, match="serverTLSBootstrap: needs --kubeconfig"):
+        cli.parse_run_options(["--hostname-override=n", f"--config={config}"])
+
+
+def test_certificate_fields_from_the_config_file(tmp_path: Path) -> None:
+    config = load_config_file(
+        write_config(tmp_path, "rotateCertificates: true\nserverTLSBootstrap: true\n"))
+    assert config.rotate_certificates and config.server_tls_bootstrap
 
 
 def test_go_only_flags_are_accepted_and_named_in_a_warning(

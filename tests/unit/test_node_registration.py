@@ -10,6 +10,7 @@ import pytest
 
 from trio_kubelet.cli import parse_run_options
 from trio_kubelet.config import AgentOptions, KubeletConfiguration
+from trio_kubelet.core.image_gc import ListedImage
 from trio_kubelet.node.registration import (
     KUBELET_VERSION,
     Amount,
@@ -23,6 +24,7 @@ from trio_kubelet.node.registration import (
     labels_to_restore,
     machine_capacity,
     node_allocatable,
+    node_images,
     node_status,
     reconcile_patch,
     should_report,
@@ -337,3 +339,49 @@ def test_reregistration_reasserts_default_labels_and_huge_pages_only() -> None:
 def test_agent_options_default_node_has_no_labels_of_its_own() -> None:
     plain = AgentOptions(config=KubeletConfiguration(), node_name="n")
     assert initial_node(plain, INPUTS, NOW)["metadata"]["labels"]["kubernetes.io/hostname"] == "n"
+
+
+# --- status.images -------------------------------------------------------------------------
+
+
+def listed(name: str, size: int, tags: int = 1, digests: int = 1) -> ListedImage:
+    return ListedImage(
+        f"sha256:{name}",
+        size,
+        tags=tuple(f"docker.io/library/{name}:{n}" for n in range(tags)),
+        digests=tuple(f"docker.io/library/{name}@sha256:{n:064d}" for n in range(digests)),
+    )
+
+
+def test_status_images_are_largest_first_capped_with_digests_before_tags() -> None:
+    images = [listed("small", 10), listed("big", 1000, tags=4, digests=3), listed("mid", 100)]
+    assert node_images(images, 2) == [
+        {
+            "names": [
+                *(f"docker.io/library/big@sha256:{n:064d}" for n in range(3)),
+                "docker.io/library/big:0",
+                "docker.io/library/big:1",
+            ],  # five names at most
+            "sizeBytes": 1000,
+        },
+        {
+            "names": ["docker.io/library/mid@sha256:" + "0" * 64, "docker.io/library/mid:0"],
+            "sizeBytes": 100,
+        },
+    ]
+    assert [i["sizeBytes"] for i in node_images(images, -1)] == [1000, 100, 10]
+    assert node_images(images, 0) == []
+    ties = [listed("a", 5), listed("b", 5)]
+    assert [i["names"][-1] for i in node_images(ties, 50)] == [
+        "docker.io/library/a:0",
+        "docker.io/library/b:0",
+    ]
+
+
+def test_node_status_lists_images_once_they_are_known() -> None:
+    opts = options("--node-status-max-images=1")
+    assert "images" not in node_status(opts, INPUTS, {}, 0.0)
+    inputs = replace(INPUTS, images=(listed("x", 1), listed("y", 2)))
+    status = node_status(opts, inputs, {}, 0.0)
+    assert [i["sizeBytes"] for i in status["images"]] == [2]
+    assert changed_fields({**status, "images": []}, status) == ["images"]

@@ -33,6 +33,7 @@ from trio_kubelet.server.serve import (
     run_servers,
     serve_app,
 )
+from trio_kubelet.server.tls import ServingCertificate, ServingContext, server_tls_context
 from trio_kubelet.server.view import NodeView
 from trio_kubelet.status.store import PodStatusStore
 
@@ -60,12 +61,13 @@ def whoami() -> Blueprint:
 @asynccontextmanager
 async def servers(view: NodeView, *, extra: Sequence[Blueprint] = (),
                   review: ReviewClient | None = None,
-                  limits: HTTPLimits | None = None) -> AsyncIterator[ServerAddresses]:
+                  limits: HTTPLimits | None = None,
+                  serving: ServingContext | None = None) -> AsyncIterator[ServerAddresses]:
     blueprints = node_blueprints(view, AgentMetrics(), machine_info=MACHINE)
     async with trio.open_nursery() as nursery:
         addresses = await nursery.start(partial(
             run_servers, view, [*blueprints.full, *extra], blueprints.read_only, review=review,
-            limits=limits or HTTPLimits()))
+            limits=limits or HTTPLimits(), serving=serving))
         yield addresses
         nursery.cancel_scope.cancel()
 
@@ -95,6 +97,39 @@ async def test_self_signed_certificate_is_generated_then_reused(tmp_path: Path) 
     async with servers(view) as addresses, httpx.AsyncClient(verify=trust(crt)) as client:
         assert (await client.get(https(addresses) + "/pods")).status_code == 200
     assert crt.read_bytes() == generated
+
+
+async def test_a_serving_context_is_refused_until_set_and_replaced_for_new_connections(
+    tmp_path: Path,
+) -> None:
+    """serverTLSBootstrap: no certificate, no handshake; each new certificate applies to the
+    connections that follow, while an open one keeps going."""
+    view = make_view(tmp_path, **OPEN)
+    serving = ServingContext()
+    contexts = []
+    for number in (1, 2):
+        ca = trustme.CA(organization_name=f"cluster {number}")
+        ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(
+            str(tmp_path / f"serving-{number}.pem"))
+        ca.cert_pem.write_to_path(str(tmp_path / f"ca-{number}.crt"))
+        pem = tmp_path / f"serving-{number}.pem"
+        contexts.append(server_tls_context(ServingCertificate(pem, pem)))
+    async with servers(view, serving=serving) as addresses:
+        with pytest.raises(httpx.ConnectError):
+            async with httpx.AsyncClient(verify=trust(tmp_path / "ca-1.crt")) as client:
+                await client.get(https(addresses) + "/healthz")
+        serving.replace(contexts[0])
+        async with httpx.AsyncClient(verify=trust(tmp_path / "ca-1.crt")) as first:
+            assert (await first.get(https(addresses) + "/healthz")).text == "ok"
+            serving.replace(contexts[1])
+            # The open keep-alive connection still speaks with the first certificate...
+            assert (await first.get(https(addresses) + "/healthz")).text == "ok"
+            # ...and new ones get the second.
+            async with httpx.AsyncClient(verify=trust(tmp_path / "ca-2.crt")) as second:
+                assert (await second.get(https(addresses) + "/healthz")).text == "ok"
+            with pytest.raises(httpx.ConnectError):
+                async with httpx.AsyncClient(verify=trust(tmp_path / "ca-1.crt")) as late:
+                    await late.get(https(addresses) + "/healthz")
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from trio_kubelet.apiserver.errors import (
     error_from_status,
 )
 from trio_kubelet.apiserver.kubeconfig import Connection
+from trio_kubelet.apiserver.transport import ReplaceableTransport
 from trio_kubelet.core.token_bucket import TokenBucket
 
 log = logging.getLogger("trio_kubelet.apiserver")
@@ -68,12 +69,18 @@ class APIClient:
         if connection.token:
             headers["Authorization"] = f"Bearer {connection.token}"
         self.server = connection.server
+        self.connection = connection
+        # Tests hand in their own transport; otherwise a replaceable one, so that a new client
+        # certificate (use_client_certificate) applies to new connections only.
+        self._transport = (
+            ReplaceableTransport(_https_transport(connection)) if transport is None else None
+        )
         self._http = httpx.AsyncClient(
             base_url=connection.server,
-            verify=connection.ssl_context or True,
+            verify=connection.ssl_context or True,  # what proxies from the environment get
             headers=headers,
             timeout=httpx.Timeout(timeout),
-            transport=transport,
+            transport=transport or self._transport,
         )
         self._bucket = TokenBucket(qps, burst)
         self._clock = clock
@@ -87,6 +94,15 @@ class APIClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+    async def use_client_certificate(self, certificate: bytes, key: bytes) -> None:
+        """Authenticate new requests with this certificate (a bootstrapped or rotated one);
+        requests already running (watches) finish on their connections with the old one."""
+        if self._transport is None:
+            raise RuntimeError("the client's transport is the caller's: it cannot be replaced")
+        self.connection = self.connection.with_client_certificate(certificate, key)
+        self._http.headers.pop("Authorization", None)
+        await self._transport.replace(_https_transport(self.connection))
 
     async def _throttle(self) -> None:
         delay = self._bucket.reserve(self._clock())
@@ -174,6 +190,10 @@ class APIClient:
             if not answered:
                 self._observe("WATCH", None)
             raise Unreachable(f"watch {path}: {type(err).__name__}: {err}") from None
+
+
+def _https_transport(connection: Connection) -> httpx.AsyncHTTPTransport:
+    return httpx.AsyncHTTPTransport(verify=connection.ssl_context or True)
 
 
 async def _events(response: httpx.Response) -> AsyncIterator[WatchEvent]:

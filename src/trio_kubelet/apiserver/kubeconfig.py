@@ -1,4 +1,5 @@
-"""Reading a kubeconfig: the current context's server, CA, and client certificate or token."""
+"""Reading a kubeconfig: the current context's server, CA, and client certificate or token; and
+writing the one a bootstrapped node uses (its certificate from the cluster, kept in a file)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import ssl
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,27 +29,79 @@ class Connection:
     ssl_context: ssl.SSLContext | None  # None for plain http://
     token: str | None = None
     user: str = ""  # the kubeconfig's user entry name, for log lines
+    # What ssl_context was made of, to make another with a new client certificate (rotation).
+    ca_data: bytes | None = None  # PEM; None: the system's trust store
+    insecure: bool = False  # insecure-skip-tls-verify
+    client_certificate: bytes | None = None  # PEM
+    client_key: bytes | None = None  # PEM
+
+    def with_client_certificate(self, certificate: bytes, key: bytes) -> Connection:
+        """The same server and CA, authenticated by this certificate (no token)."""
+        return replace(
+            self,
+            ssl_context=tls_context(self.ca_data, self.insecure, certificate, key),
+            token=None,
+            client_certificate=certificate,
+            client_key=key,
+        )
+
+    def anonymous(self) -> Connection:
+        """The same server and CA with no credentials at all."""
+        return replace(
+            self,
+            ssl_context=tls_context(self.ca_data, self.insecure, None, None)
+            if self.server.startswith("https://")
+            else None,
+            token=None,
+            client_certificate=None,
+            client_key=None,
+        )
 
 
-def load_kubeconfig(path: Path) -> Connection:
+class TLSError(ValueError):
+    """A CA or client certificate that ssl cannot load; the message says which and why."""
+
+
+def tls_context(
+    ca_data: bytes | None, insecure: bool, certificate: bytes | None, key: bytes | None
+) -> ssl.SSLContext:
+    """A client context trusting ``ca_data`` (or the system store), presenting the certificate
+    (with ``key``, or a key in the same PEM) if given; raises TLSError naming the part at fault."""
+    context = ssl.create_default_context()
+    if insecure:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif ca_data is not None:
+        try:
+            context.load_verify_locations(cadata=ca_data.decode())
+        except (ssl.SSLError, ValueError) as err:
+            raise TLSError(f"certificate-authority: {err}") from None
+    if certificate is not None:
+        _load_cert_chain(context, certificate, key or certificate)
+    return context
+
+
+def load_kubeconfig(path: Path, flag: str = "--kubeconfig") -> Connection:
+    """The current context of the kubeconfig at ``path``; errors name ``flag`` and the field."""
     try:
         document = yaml.safe_load(path.read_text())
     except OSError as err:
-        raise KubeconfigError(f"--kubeconfig {path}: {err.strerror}") from None
+        raise KubeconfigError(f"{flag} {path}: {err.strerror}") from None
     except yaml.YAMLError as err:
-        raise KubeconfigError(f"--kubeconfig {path}: not YAML: {err}") from None
+        raise KubeconfigError(f"{flag} {path}: not YAML: {err}") from None
     if not isinstance(document, dict):
-        raise KubeconfigError(f"--kubeconfig {path}: expected a mapping at the top")
-    return _Reader(path, document).connection()
+        raise KubeconfigError(f"{flag} {path}: expected a mapping at the top")
+    return _Reader(path, document, flag).connection()
 
 
 class _Reader:
-    def __init__(self, path: Path, document: Mapping[str, Any]) -> None:
+    def __init__(self, path: Path, document: Mapping[str, Any], flag: str) -> None:
         self.path = path
         self.document = document
+        self.flag = flag
 
     def fail(self, message: str) -> KubeconfigError:
-        return KubeconfigError(f"--kubeconfig {self.path}: {message}")
+        return KubeconfigError(f"{self.flag} {self.path}: {message}")
 
     def named(self, section: str, name: str) -> Mapping[str, Any]:
         for entry in self.document.get(section) or []:
@@ -76,26 +129,29 @@ class _Reader:
         token = user.get("token")
         if user.get("tokenFile"):
             token = self.file(user["tokenFile"], "users.user.tokenFile").decode().strip()
-        ssl_context = self.ssl_context(cluster, user) if server.startswith("https://") else None
-        return Connection(server=server, ssl_context=ssl_context, token=token, user=user_name)
-
-    def ssl_context(self, cluster: Mapping[str, Any], user: Mapping[str, Any]) -> ssl.SSLContext:
-        context = ssl.create_default_context()
-        if cluster.get("insecure-skip-tls-verify"):
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        else:
+        insecure = bool(cluster.get("insecure-skip-tls-verify"))
+        ca = None
+        if not insecure:
             ca = self.data_or_file(cluster, "certificate-authority", "clusters.cluster")
-            if ca is not None:
-                try:
-                    context.load_verify_locations(cadata=ca.decode())
-                except (ssl.SSLError, ValueError) as err:
-                    raise self.fail(f"clusters.cluster.certificate-authority: {err}") from None
         cert = self.data_or_file(user, "client-certificate", "users.user")
         key = self.data_or_file(user, "client-key", "users.user")
-        if cert is not None:
-            _load_cert_chain(context, cert, key or cert, self.fail)
-        return context
+        ssl_context = None
+        if server.startswith("https://"):
+            try:
+                ssl_context = tls_context(ca, insecure, cert, key)
+            except TLSError as err:
+                where = "clusters.cluster" if str(err).startswith("certificate-") else "users.user"
+                raise self.fail(f"{where}.{err}") from None
+        return Connection(
+            server=server,
+            ssl_context=ssl_context,
+            token=token,
+            user=user_name,
+            ca_data=ca,
+            insecure=insecure,
+            client_certificate=cert,
+            client_key=key or cert if cert is not None else None,
+        )
 
     def data_or_file(self, section: Mapping[str, Any], field: str, where: str) -> bytes | None:
         data = section.get(f"{field}-data")
@@ -118,7 +174,7 @@ class _Reader:
             raise self.fail(f"{where}: {path}: {err.strerror}") from None
 
 
-def _load_cert_chain(context: ssl.SSLContext, cert: bytes, key: bytes, fail: Any) -> None:
+def _load_cert_chain(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
     """ssl only loads client certificates from files: write both to a private temp dir."""
     with tempfile.TemporaryDirectory(prefix="trio-kubelet-") as private:
         cert_path, key_path = Path(private, "client.crt"), Path(private, "client.key")
@@ -128,4 +184,43 @@ def _load_cert_chain(context: ssl.SSLContext, cert: bytes, key: bytes, fail: Any
         try:
             context.load_cert_chain(str(cert_path), str(key_path))
         except ssl.SSLError as err:
-            raise fail(f"users.user.client-certificate/client-key: {err}") from None
+            raise TLSError(f"client-certificate/client-key: {err}") from None
+
+
+def write_certificate_kubeconfig(path: Path, bootstrap: Connection, pem_path: Path) -> None:
+    """The kubeconfig a bootstrapped node keeps using (as Go's kubelet writes it): the bootstrap
+    kubeconfig's server and CA, and a client certificate and key both read from ``pem_path``
+    (the certificate store's current pair, so a rotation needs no rewrite)."""
+    cluster: dict[str, Any] = {"server": bootstrap.server}
+    if bootstrap.insecure:
+        cluster["insecure-skip-tls-verify"] = True
+    elif bootstrap.ca_data is not None:
+        cluster["certificate-authority-data"] = base64.b64encode(bootstrap.ca_data).decode()
+    document = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "default-cluster", "cluster": cluster}],
+        "users": [
+            {
+                "name": "default-auth",
+                "user": {"client-certificate": str(pem_path), "client-key": str(pem_path)},
+            }
+        ],
+        "contexts": [
+            {
+                "name": "default-context",
+                "context": {
+                    "cluster": "default-cluster",
+                    "user": "default-auth",
+                    "namespace": "default",
+                },
+            }
+        ],
+        "current-context": "default-context",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        yaml.safe_dump(document, file, default_flow_style=False, sort_keys=False)
+    os.replace(tmp, path)

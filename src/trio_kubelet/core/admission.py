@@ -28,6 +28,7 @@ from trio_kubelet.core.eviction import (
 )
 from trio_kubelet.core.pod_cgroups import pod_requests
 from trio_kubelet.core.qos import pod_qos_class
+from trio_kubelet.core.shutdown import NODE_SHUTDOWN, NOT_ADMITTED_MESSAGE
 from trio_kubelet.core.sysctls import sysctl_rejection
 from trio_kubelet.model.pod import Pod, PodStatus
 
@@ -57,11 +58,14 @@ def admit(
 ) -> Rejection | None:
     """None when ``pod`` may run beside ``admitted``, else the first reason it may not.
 
-    ``node_conditions`` are the pressure conditions the eviction manager reports now.
+    ``node_conditions`` are the pressure conditions the eviction manager reports now, and
+    ``NodeShutdown`` while the node shuts down.
     """
     pressure = _pressure_rejection(pod, node_conditions)
     if pressure is not None:
         return pressure
+    if NODE_SHUTDOWN in node_conditions:
+        return Rejection(NODE_SHUTDOWN, NOT_ADMITTED_MESSAGE)
     forbidden = sysctl_rejection(pod, allowed_unsafe=allowed_unsafe_sysctls)
     if forbidden is not None:
         return Rejection(SYSCTL_FORBIDDEN, forbidden)

@@ -842,8 +842,13 @@ def _used_bytes(usage: FsUsage | None) -> int:
     return 0 if usage is None or usage.used_bytes is None else usage.used_bytes
 
 
-def evicted_status(status: PodStatus, message: str, now: float) -> PodStatus:
-    """An evicted pod's status: Failed, reason Evicted, the message, a DisruptionTarget."""
+def evicted_status(
+    status: PodStatus, message: str, now: float, reason: str = REASON_EVICTED
+) -> PodStatus:
+    """An evicted pod's status: Failed, reason Evicted, the message, a DisruptionTarget.
+
+    A pod killed for a node shutdown ends the same way with reason Terminated.
+    """
     disruption = PodCondition(
         type=DISRUPTION_TARGET,
         status="True",
@@ -860,7 +865,7 @@ def evicted_status(status: PodStatus, message: str, now: float) -> PodStatus:
         conditions.append(condition)
     conditions.append(disruption)
     return status.model_copy(update={
-        "phase": "Failed", "reason": REASON_EVICTED, "message": message, "conditions": conditions,
+        "phase": "Failed", "reason": reason, "message": message, "conditions": conditions,
     })
 
 
@@ -871,7 +876,9 @@ def pressure_admission_message(conditions: Sequence[str]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Eviction:
-    """The order a pod worker carries out: kill with ``grace``, end Failed with ``message``."""
+    """The order a pod worker carries out: kill with ``grace``, end Failed with ``reason`` and
+    ``message`` (an eviction, or a node shutdown's kill)."""
 
     message: str
     grace: int
+    reason: str = REASON_EVICTED

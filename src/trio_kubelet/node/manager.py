@@ -20,6 +20,7 @@ import trio
 from trio_kubelet.apiserver.client import JSON, APIClient
 from trio_kubelet.apiserver.errors import AlreadyExists, APIError
 from trio_kubelet.config import AgentOptions
+from trio_kubelet.core.image_gc import ListedImage
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.node.conditions import (
     READY,
@@ -53,6 +54,14 @@ def _no_pressure() -> bool:
     return False
 
 
+def _no_error() -> str | None:
+    return None
+
+
+def _no_images() -> Sequence[ListedImage] | None:
+    return None
+
+
 @dataclass(frozen=True)
 class NodeHealth:
     """What the Ready condition and nodeInfo need from the rest of the agent.
@@ -73,6 +82,8 @@ class NodeHealth:
     memory_pressure: Callable[[], bool] = _no_pressure
     disk_pressure: Callable[[], bool] = _no_pressure
     pid_pressure: Callable[[], bool] = _no_pressure
+    shutdown_error: Callable[[], str | None] = _no_error
+    images: Callable[[], Sequence[ListedImage] | None] = _no_images
 
 
 class NodePressure(Protocol):
@@ -188,6 +199,7 @@ class NodeManager:
         self.machine = machine
         self.node_uid: str | None = None
         self.registered = trio.Event()
+        self._status_now = trio.Event()  # set by sync_soon: a status round without waiting
         self.last_report: float | None = None  # wall time of the last status sent
         self.node_path = f"/api/v1/nodes/{options.node_name}"
         self.lease = LeaseController(
@@ -210,8 +222,14 @@ class NodeManager:
                 await self.register()
             nursery.start_soon(self.lease.run)
             while True:
+                self._status_now = trio.Event()
                 await self.sync_status()
-                await trio.sleep(config.node_status_update_frequency)
+                with trio.move_on_after(config.node_status_update_frequency):
+                    await self._status_now.wait()
+
+    def sync_soon(self) -> None:
+        """Send the status now rather than at the next period (the node is shutting down)."""
+        self._status_now.set()
 
     # --- registration ---------------------------------------------------------------------
 
@@ -310,6 +328,8 @@ class NodeManager:
             memory_pressure=health.memory_pressure(),
             disk_pressure=health.disk_pressure(),
             pid_pressure=health.pid_pressure(),
+            shutdown_error=health.shutdown_error(),
+            images=None if (images := health.images()) is None else tuple(images),
         )
 
 

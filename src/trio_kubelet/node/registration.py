@@ -19,6 +19,7 @@ from typing import Any
 
 from trio_kubelet import __version__
 from trio_kubelet.config import AgentOptions, KubeletConfiguration
+from trio_kubelet.core.image_gc import ListedImage
 from trio_kubelet.model.quantity import parse_quantity
 from trio_kubelet.node.conditions import conditions_changed, node_conditions
 
@@ -51,6 +52,8 @@ DEFAULT_LABELS = (
     BETA_ARCH_LABEL,
 )
 HUGEPAGES_PREFIX = "hugepages-"
+# Go's MaxNamesPerImageInNodeStatus: the names (digests, then tags) one image lists.
+MAX_NAMES_PER_IMAGE = 5
 # Capacity computed from the machine (with the hugepages-* sizes); other capacity entries,
 # such as extended resources someone advertised, are carried over as they are.
 MACHINE_RESOURCES = ("cpu", "memory", "pods", "ephemeral-storage")
@@ -84,9 +87,12 @@ class StatusInputs:
     runtime_errors: tuple[str, ...] = ()  # e.g. ("container runtime is down",)
     pleg_error: str | None = None  # e.g. "pleg was last seen active 3m0s ago; threshold is 3m0s"
     network_error: str | None = None  # e.g. "container runtime network not ready: ..."
+    shutdown_error: str | None = None  # "node is shutting down" during a graceful shutdown
     memory_pressure: bool = False
     disk_pressure: bool = False
     pid_pressure: bool = False
+    # The runtime's images (the last listing); None: not listed yet, status.images left out.
+    images: tuple[ListedImage, ...] | None = None
 
 
 # --- quantities -----------------------------------------------------------------------------
@@ -271,12 +277,15 @@ def container_runtime_version(runtime: tuple[str, str] | None) -> str:
 
 
 def readiness_errors(inputs: StatusInputs) -> list[str]:
-    """Why the node is not Ready, in the Go kubelet's order (runtime, PLEG, network)."""
+    """Why the node is not Ready, in the Go kubelet's order (runtime, PLEG, network, node
+    shutdown)."""
     errors = list(inputs.runtime_errors)
     if inputs.pleg_error:
         errors.append(f"PLEG is not healthy: {inputs.pleg_error}")
     if inputs.network_error:
         errors.append(inputs.network_error)
+    if inputs.shutdown_error:
+        errors.append(inputs.shutdown_error)
     return errors
 
 
@@ -298,7 +307,7 @@ def node_status(
     allocatable = configured_allocatable(capacity, config)
     machine = inputs.machine
     runtime = container_runtime_version(inputs.runtime)
-    return {
+    status: dict[str, Any] = {
         "capacity": {name: str(capacity[name]) for name in sorted(capacity)},
         "allocatable": {name: str(allocatable[name]) for name in sorted(allocatable)},
         "conditions": node_conditions(
@@ -326,6 +335,24 @@ def node_status(
             "architecture": machine.architecture,
         },
     }
+    if inputs.images is not None:
+        status["images"] = node_images(inputs.images, config.node_status_max_images)
+    return status
+
+
+def node_images(images: Sequence[ListedImage], max_images: int) -> list[dict[str, Any]]:
+    """status.images as Go sets it: largest first (equal sizes in the runtime's order), at
+    most ``max_images`` (-1: all), each with up to 5 names, repo digests before tags."""
+    largest_first = sorted(images, key=lambda image: -image.size)
+    if max_images > -1:
+        largest_first = largest_first[:max_images]
+    return [
+        {
+            "names": [*image.digests, *image.tags][:MAX_NAMES_PER_IMAGE],
+            "sizeBytes": image.size,
+        }
+        for image in largest_first
+    ]
 
 
 def initial_node(options: AgentOptions, inputs: StatusInputs, now: float) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Protocol
 import trio
 
 from trio_kubelet.core.admission import Rejection, admit
+from trio_kubelet.core.eviction import REASON_EVICTED
 from trio_kubelet.events import (
     Event,
     PodLifecycleEvent,
@@ -263,15 +264,16 @@ class SyncLoop:
         worker = self.workers.get(uid)
         return worker.spec_seq if worker is not None else -1
 
-    def evict(self, uid: str, message: str, grace: int) -> bool:
-        """Have the pod's worker kill it with ``grace`` and mark it Failed/Evicted.
+    def evict(self, uid: str, message: str, grace: int, reason: str = REASON_EVICTED) -> bool:
+        """Have the pod's worker kill it with ``grace`` and mark it Failed with ``reason``
+        (Evicted; Terminated for a node shutdown).
 
         False when the pod is not active here (gone, refused or finished meanwhile).
         """
         worker = self.workers.get(uid)
         if worker is None or worker.admitted_pod is None:
             return False
-        worker.evict(message, grace)
+        worker.evict(message, grace, reason)
         return True
 
     async def _run_worker(self, worker: PodWorker) -> None:

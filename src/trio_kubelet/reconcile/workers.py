@@ -29,7 +29,7 @@ from trio_kubelet.core.backoff import (
     crash_loop_message,
     gate_container_start,
 )
-from trio_kubelet.core.eviction import Eviction, evicted_status
+from trio_kubelet.core.eviction import REASON_EVICTED, Eviction, evicted_status
 from trio_kubelet.core.grace import (
     at_least_minimum,
     remaining_grace,
@@ -153,10 +153,11 @@ class PodWorker:
         if self._waiting is not None:
             self._waiting.deadline = self._requeue_at
 
-    def evict(self, message: str, grace: int) -> None:
-        """Kill the pod with ``grace`` seconds and end it Failed/Evicted (the first order wins)."""
+    def evict(self, message: str, grace: int, reason: str = REASON_EVICTED) -> None:
+        """Kill the pod with ``grace`` seconds and end it Failed with ``reason`` (Evicted, or
+        Terminated for a node shutdown); the first order wins."""
         if self.eviction is None:
-            self.eviction = Eviction(message, grace)
+            self.eviction = Eviction(message, grace, reason)
         self.wake()
 
     async def run(self) -> None:
@@ -277,7 +278,7 @@ class PodWorker:
             runtime_name=ctx.runtime_name,
             pod_is_terminal=True,
         )
-        return evicted_status(status, eviction.message, now)
+        return evicted_status(status, eviction.message, now, eviction.reason)
 
     def _record_decision(
         self,

@@ -47,6 +47,7 @@ from trio_kubelet.server.healthz_server import serve_healthz
 from trio_kubelet.server.openssl_stream import OpenSSLStream
 from trio_kubelet.server.spdy_proxy import UpgradeRequest, read_first_request, serve_upgrade
 from trio_kubelet.server.tls import (
+    ServingContext,
     TLSConfigError,
     ensure_serving_certificate,
     server_tls_context,
@@ -198,10 +199,16 @@ async def _first_request(stream: trio.abc.Stream, config: HypercornConfig
 
 
 async def _serve_connection(app: ASGIWrapper, config: HypercornConfig, state: dict[str, Any],
-                            tls_context: SSL.Context | None, tcp: trio.SocketStream) -> None:
+                            tls: ServingContext | None, tcp: trio.SocketStream) -> None:
     try:
         stream: Any = tcp
-        if tls_context is not None:
+        if tls is not None:
+            # The context of this moment: a rotated certificate is used from the next connection.
+            tls_context = tls.context
+            if tls_context is None:
+                log.debug("TLS connection refused: no serving certificate available yet")
+                await trio.aclose_forcefully(tcp)
+                return
             stream = OpenSSLStream(tcp, tls_context)
             if not await _handshake(stream, config.ssl_handshake_timeout):
                 return
@@ -211,7 +218,7 @@ async def _serve_connection(app: ASGIWrapper, config: HypercornConfig, state: di
         first = await _first_request(stream, config)
         if isinstance(first, UpgradeRequest):
             await serve_upgrade(
-                app.app, stream, first, scheme="https" if tls_context is not None else "http",
+                app.app, stream, first, scheme="https" if tls is not None else "http",
                 client=parse_socket_addr(tcp.socket.family, tcp.socket.getpeername()),
                 server=parse_socket_addr(tcp.socket.family, tcp.socket.getsockname()),
                 state=state.copy())
@@ -251,18 +258,21 @@ async def _close(listeners: Sequence[trio.SocketListener]) -> None:
 
 
 async def serve_listeners(app: QuartTrio, listeners: Sequence[trio.SocketListener], *,
-                          tls_context: SSL.Context | None = None,
+                          tls_context: SSL.Context | ServingContext | None = None,
                           limits: HTTPLimits = HTTPLimits(), name: str = "HTTP",
                           task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
                           ) -> None:
     """Serve ``app`` on bound ``listeners`` until cancelled, then close them; reports the
-    first listener's ``(host, port)`` once serving."""
+    first listener's ``(host, port)`` once serving. A ServingContext's current context is
+    taken for each new connection."""
+    tls = (tls_context if isinstance(tls_context, ServingContext) or tls_context is None
+           else ServingContext(tls_context))
     config = _hypercorn_config(limits)
     asgi = ASGIWrapper(limit_request_head(_PeerTLSScope(app), limits.max_header_bytes))
     host, port = listeners[0].socket.getsockname()[:2]
     state: dict[str, Any] = {}
     lifespan = Lifespan(asgi, config, state)
-    handler = limit_connections(partial(_serve_connection, asgi, config, state, tls_context),
+    handler = limit_connections(partial(_serve_connection, asgi, config, state, tls),
                                 limits.max_connections)
     try:
         async with trio.open_nursery() as lifespan_nursery:
@@ -271,7 +281,7 @@ async def serve_listeners(app: QuartTrio, listeners: Sequence[trio.SocketListene
             try:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(trio.serve_listeners, handler, list(listeners))
-                    scheme = "https" if tls_context is not None else "http"
+                    scheme = "https" if tls is not None else "http"
                     log.info("%s server listening on %s://%s:%d", name, scheme, host, port)
                     task_status.started((host, port))
             finally:
@@ -282,7 +292,7 @@ async def serve_listeners(app: QuartTrio, listeners: Sequence[trio.SocketListene
 
 
 async def serve_app(app: QuartTrio, host: str, port: int, *,
-                    tls_context: SSL.Context | None = None,
+                    tls_context: SSL.Context | ServingContext | None = None,
                     limits: HTTPLimits = HTTPLimits(), name: str = "HTTP",
                     task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``app`` on ``host:port`` (0: any free port) until cancelled; reports the bound
@@ -303,7 +313,7 @@ class _Server:
 
 
 def _servers(view: NodeView, blueprints_full: Sequence[Blueprint],
-             blueprints_read_only: Sequence[Blueprint], tls_context: SSL.Context,
+             blueprints_read_only: Sequence[Blueprint], tls_context: SSL.Context | ServingContext,
              authenticator: RequestAuthenticator, authorizer: Authorizer | None,
              metrics: AgentMetrics | None, limits: HTTPLimits) -> list[_Server]:
     config = view.options.config
@@ -329,6 +339,7 @@ async def run_servers(view: NodeView, blueprints_full: Sequence[Blueprint],
                       authenticator: RequestAuthenticator | None = None,
                       authorizer: Authorizer | None = None,
                       review: ReviewClient | None = None,
+                      serving: ServingContext | None = None,
                       limits: HTTPLimits = HTTPLimits(),
                       task_status: trio.TaskStatus[ServerAddresses] = trio.TASK_STATUS_IGNORED
                       ) -> None:
@@ -342,7 +353,9 @@ async def run_servers(view: NodeView, blueprints_full: Sequence[Blueprint],
       server, ``healthz_server.py``).
 
     Every port is bound before any is served, so a port in use or an unusable
-    certificate raises ServerStartError here, with nothing left listening.
+    certificate raises ServerStartError here, with nothing left listening. ``serving`` (the
+    serving certificate manager's, with serverTLSBootstrap) replaces the configured or
+    self-signed certificate.
     """
     options = view.options
     if authenticator is None:
@@ -350,11 +363,13 @@ async def run_servers(view: NodeView, blueprints_full: Sequence[Blueprint],
             raise ValueError("an authorizer needs an authenticator")
         authenticator, authorizer = build_auth(options, review)
     client_ca = options.config.authentication.x509.client_ca_file or None
-    try:
-        cert = await trio.to_thread.run_sync(ensure_serving_certificate, options)
-        tls_context = server_tls_context(cert, client_ca)
-    except TLSConfigError as exc:
-        raise ServerStartError(f"kubelet server: {exc}") from None
+    tls_context: SSL.Context | ServingContext | None = serving
+    if tls_context is None:
+        try:
+            cert = await trio.to_thread.run_sync(ensure_serving_certificate, options)
+            tls_context = server_tls_context(cert, client_ca)
+        except TLSConfigError as exc:
+            raise ServerStartError(f"kubelet server: {exc}") from None
     servers = _servers(view, blueprints_full, blueprints_read_only, tls_context, authenticator,
                        authorizer, metrics, limits)
     bound: list[list[trio.SocketListener]] = []

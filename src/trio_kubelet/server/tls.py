@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "ServingCertificate",
+    "ServingContext",
     "TLSConfigError",
     "ensure_serving_certificate",
     "generate_self_signed",
@@ -55,6 +56,22 @@ class ServingCertificate:
     cert_file: Path
     key_file: Path
     generated: bool = False
+
+
+class ServingContext:
+    """The 10250 server's TLS context, replaceable: a new (rotated) serving certificate applies
+    to the connections accepted after the switch, while open ones go on with the old one.
+
+    ``context`` is None while there is no certificate yet (serverTLSBootstrap before the cluster
+    has issued one): handshakes are refused then, as Go's kubelet refuses them ("no serving
+    certificate available for the kubelet").
+    """
+
+    def __init__(self, context: SSL.Context | None = None) -> None:
+        self.context = context
+
+    def replace(self, context: SSL.Context) -> None:
+        self.context = context
 
 
 def _name(common_name: str) -> x509.Name:

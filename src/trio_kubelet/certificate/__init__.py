@@ -1,0 +1,1 @@
+"""The node's certificates from the cluster: TLS bootstrap, rotation of client and serving ones."""
