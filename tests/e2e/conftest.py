@@ -1,5 +1,7 @@
-"""End-to-end fixtures: a real control plane (scripts/control-plane: etcd + kube-apiserver), the
-private containerd shared with tests/integration, and the `e2e` marker."""
+"""End-to-end fixtures: a real control plane (scripts/control-plane: etcd + kube-apiserver), one
+that nodes join as kubeadm nodes do (kube-controller-manager signing and approving CSRs,
+kube-apiserver verifying kubelets' serving certificates), the private containerd shared with
+tests/integration, and the `e2e` marker."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 SCRIPTS = HERE.parents[1] / "scripts"
 CONTROL_PLANE = SCRIPTS / "control-plane"
 REUSE_ENV_VAR = "TRIO_KUBELET_E2E_CONTROL_PLANE"
+JOIN_REUSE_ENV_VAR = "TRIO_KUBELET_E2E_JOIN_CONTROL_PLANE"
 NODE = "e2e-node"  # the node the session's credentials are made for
 UP_TIMEOUT = 3600.0  # seconds: the first `up` on a machine builds kube-apiserver and etcd
 
@@ -68,6 +71,16 @@ class ControlPlane:
     def admin_kubeconfig(self) -> Path:
         return self.dir / "admin.kubeconfig"
 
+    @property
+    def bootstrap_kubeconfig(self) -> Path:
+        """The bootstrap token's kubeconfig (system:bootstrappers), what `kubeadm join` gives."""
+        return self.dir / "bootstrap.kubeconfig"
+
+    def start_controller_manager(self, *flags: str) -> None:
+        """(Re)start kube-controller-manager with ``flags`` (e.g. --cluster-signing-duration 3m);
+        returns once its /healthz answers."""
+        _control_plane("start-controller-manager", str(self.dir), *flags)
+
     def node_kubeconfig(self, name: str = NODE) -> Path:
         """DIR/node-NAME.kubeconfig (identity system:node:NAME), made on first use."""
         path = self.dir / f"node-{name}.kubeconfig"
@@ -92,15 +105,31 @@ class ControlPlane:
         self.node_kubeconfig(name)
         return self._client(f"node-{name}")
 
+    def bootstrap_client(self) -> httpx.Client:
+        """A client authenticated by the bootstrap token (system:bootstrap:<id>)."""
+        token = (self.dir / "pki" / "bootstrap-token").read_text().strip()
+        return httpx.Client(
+            base_url=self.server,
+            verify=ssl.create_default_context(cafile=self.ca),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10.0,
+        )
+
+    def certificate_client(self, cert_file: Path, key_file: Path) -> httpx.Client:
+        """A client authenticated by a certificate the test holds (one the cluster issued)."""
+        context = ssl.create_default_context(cafile=self.ca)
+        context.load_cert_chain(cert_file, key_file)
+        return httpx.Client(base_url=self.server, verify=context, timeout=10.0)
+
     def _client(self, stem: str) -> httpx.Client:
         context = ssl.create_default_context(cafile=self.ca)
         context.load_cert_chain(self.dir / "pki" / f"{stem}.crt", self.dir / "pki" / f"{stem}.key")
         return httpx.Client(base_url=self.server, verify=context, timeout=10.0)
 
 
-def _up(directory: Path) -> ControlPlane:
-    """`control-plane up DIR --node NODE` (idempotent); the server URL is in its env lines."""
-    output = _control_plane("up", str(directory), "--node", NODE, timeout=UP_TIMEOUT)
+def _up(directory: Path, *flags: str) -> ControlPlane:
+    """`control-plane up DIR --node NODE FLAGS` (idempotent); the server URL is in its env lines."""
+    output = _control_plane("up", str(directory), "--node", NODE, *flags, timeout=UP_TIMEOUT)
     env = dict(word.split("=", 1) for word in shlex.split(output) if "=" in word)
     return ControlPlane(dir=directory, server=env["TRIO_KUBELET_APISERVER"])
 
@@ -113,26 +142,22 @@ def _unavailable_reason() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def control_plane() -> Iterator[ControlPlane]:
-    """A control plane for the session, or the running one in $TRIO_KUBELET_E2E_CONTROL_PLANE.
-
-    Its own lives in /tmp/tk-cp-* and is stopped and deleted at the end; a reused one is left
-    running. Skips when it cannot be built; under CI=true that is a failure instead, because CI
-    installs everything and a silent skip would hide the e2e tier.
-    """
-    reuse = os.environ.get(REUSE_ENV_VAR)
+def _control_plane_fixture(reuse_env_var: str, prefix: str, *flags: str) -> Iterator[ControlPlane]:
+    """A control plane in a new /tmp/PREFIX* (stopped and deleted at the end), or the running one
+    named by $REUSE_ENV_VAR (left running). Skips when it cannot be built; under CI=true that is a
+    failure instead, because CI installs everything and a silent skip would hide the e2e tier."""
+    reuse = os.environ.get(reuse_env_var)
     if reuse:
-        yield _up(Path(reuse).resolve())
+        yield _up(Path(reuse).resolve(), *flags)
         return
     reason = _unavailable_reason()
     if reason is not None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"e2e tests cannot run in CI: {reason}")
         pytest.skip(reason)
-    directory = Path(tempfile.mkdtemp(prefix="tk-cp-", dir="/tmp"))
+    directory = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     try:
-        yield _up(directory)
+        yield _up(directory, *flags)
     finally:
         done = subprocess.run(
             [sys.executable, str(CONTROL_PLANE), "down", str(directory)],
@@ -143,3 +168,25 @@ def control_plane() -> Iterator[ControlPlane]:
             shutil.rmtree(directory, ignore_errors=True)
         else:
             sys.stderr.write(f"control-plane down failed, kept {directory}:\n{done.stderr}")
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver for the session, or the running one in
+    $TRIO_KUBELET_E2E_CONTROL_PLANE."""
+    yield from _control_plane_fixture(REUSE_ENV_VAR, "tk-cp-")
+
+
+@pytest.fixture(scope="session")
+def join_control_plane() -> Iterator[ControlPlane]:
+    """A control plane nodes join as kubeadm nodes do, or the running one in
+    $TRIO_KUBELET_E2E_JOIN_CONTROL_PLANE: kube-controller-manager signs (with the cluster CA) and
+    approves node client CSRs, the bootstrap token and kubeadm's RBAC for it exist, and
+    kube-apiserver verifies kubelets' serving certificates (--kubelet-certificate-authority), so
+    `kubectl logs/exec` reach only a kubelet whose serving certificate the cluster issued."""
+    yield from _control_plane_fixture(
+        JOIN_REUSE_ENV_VAR,
+        "tk-cp-join-",
+        "--controller-manager",
+        "--kubelet-certificate-authority",
+    )
