@@ -12,9 +12,9 @@ beside a busybox rootfs (scripts/images.py) standing in for the upstream alpine/
 - e2e-test-images/busybox:1.37.0-1: busybox alone.
 - e2e-test-images/agnhost:2.63.0 and :2.55: the agnhost built from the suite's module (2.63.0
   under both names; 2.55 differs only in a label, so the two have different image IDs as
-  upstream), curl with its shared libraries (many specs curl from inside agnhost), the user and
-  group upstream's Dockerfile adds, /uploads, the porter's localhost.crt/.key, entrypoint
-  /agnhost, command `pause`.
+  upstream), curl and bash with their shared libraries (specs curl from inside agnhost, probes
+  run /bin/bash), the user and group upstream's Dockerfile adds, /uploads, the porter's
+  localhost.crt/.key, entrypoint /agnhost, command `pause`.
 - e2e-test-images/nonroot:1.5: busybox with USER 1234.
 - e2e-test-images/nonewprivs:1.4: nnp (prints its effective uid) installed set-uid root.
 - e2e-test-images/nginx:1.15-4 and :1.27-0: Debian's nginx (`apt-get download`, kept in the
@@ -49,6 +49,7 @@ from images import (  # the scripts directory is not a package
 
 E2E = "registry.k8s.io/e2e-test-images"
 CURL = Path("/usr/bin/curl")
+BASH = Path("/bin/bash")
 NGINX_PACKAGE = "nginx"  # bookworm's nginx-light is a transitional package depending on it
 ENV = [f"PATH={DEFAULT_PATH}"]
 Tarballs = dict[str, bytes]  # file stem -> OCI image layout tarball
@@ -119,13 +120,16 @@ def shared_libraries(binary: Path) -> list[Path]:
 
 
 def add_dynamic(layer: Layer, binary: Path, at: str) -> None:
-    """BINARY at path AT in the image, with its libraries at their host paths."""
+    """BINARY at path AT in the image, with its libraries at their host paths (those another
+    binary brought already are kept)."""
+    present = {info.name for info, _ in layer.members}
     layer.dir(at.rsplit("/", 1)[0])
     layer.file(at, binary.read_bytes(), 0o755)
     for library in shared_libraries(binary):
         name = str(library).lstrip("/")
-        layer.dir(name.rsplit("/", 1)[0])
-        layer.file(name, library.resolve().read_bytes(), 0o755)
+        if name not in present:
+            layer.dir(name.rsplit("/", 1)[0])
+            layer.file(name, library.resolve().read_bytes(), 0o755)
 
 
 def base(passwd: bytes = b"", group: bytes = b"") -> Layer:
@@ -146,6 +150,7 @@ def agnhost_layer(inputs: Inputs) -> bytes:
     for name in ("localhost.crt", "localhost.key"):
         layer.file(name, inputs.built(f"agnhost-{name}"))
     add_dynamic(layer, CURL, "usr/bin/curl")
+    add_dynamic(layer, BASH, "bin/bash")  # probe specs run /bin/bash
     return layer.tar()
 
 
