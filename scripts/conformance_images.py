@@ -17,6 +17,9 @@ beside a busybox rootfs (scripts/images.py) standing in for the upstream alpine/
   localhost.crt/.key, entrypoint /agnhost, command `pause`.
 - e2e-test-images/nonroot:1.5: busybox with USER 1234.
 - e2e-test-images/nonewprivs:1.4: nnp (prints its effective uid) installed set-uid root.
+- e2e-test-images/glibc-dns-testing:2.0.0: the host's (Debian's, glibc) hostname at
+  /usr/bin/hostname, ahead of busybox's on PATH, and an nsswitch.conf: `hostname -f` resolves
+  through glibc as in upstream's Debian image (which also has dig; this one does not).
 - e2e-test-images/nginx:1.15-4 and :1.27-0: Debian's nginx (`apt-get download`, kept in the
   cache) with its shared libraries, serving "Welcome to nginx!" on port 80 in the foreground.
 
@@ -50,6 +53,7 @@ from images import (  # the scripts directory is not a package
 E2E = "registry.k8s.io/e2e-test-images"
 CURL = Path("/usr/bin/curl")
 BASH = Path("/bin/bash")
+HOSTNAME = Path("/bin/hostname")
 NGINX_PACKAGE = "nginx"  # bookworm's nginx-light is a transitional package depending on it
 ENV = [f"PATH={DEFAULT_PATH}"]
 Tarballs = dict[str, bytes]  # file stem -> OCI image layout tarball
@@ -185,6 +189,15 @@ def nonewprivs_image(inputs: Inputs) -> Tarballs:
     return {"nonewprivs": image_layout(layer.tar(), config, (f"{E2E}/nonewprivs:1.4",))}
 
 
+def glibc_dns_testing_image(inputs: Inputs) -> Tarballs:
+    layer = base()
+    add_dynamic(layer, HOSTNAME, "usr/bin/hostname")
+    layer.file("etc/nsswitch.conf", b"hosts: files dns\n")
+    config = {"Env": ENV, "Cmd": ["sh"]}
+    ref = f"{E2E}/glibc-dns-testing:2.0.0"
+    return {"glibc-dns-testing": image_layout(layer.tar(), config, (ref,))}
+
+
 def nginx_layer(inputs: Inputs, scratch: Path) -> bytes:
     """nginx from the package (ldd reads it from SCRATCH) with its libraries from the host."""
     deb = inputs.nginx_deb()
@@ -235,6 +248,7 @@ BUILDERS: list[Callable[[Inputs], Tarballs]] = [
     agnhost_images,
     nonroot_image,
     nonewprivs_image,
+    glibc_dns_testing_image,
     nginx_images,
 ]
 
