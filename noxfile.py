@@ -1,4 +1,5 @@
-"""Developer and CI sessions: tests, lint, typecheck, protos, demo, bench, e2e, cgroupv2.
+"""Developer and CI sessions: tests, lint, typecheck, protos, demo, bench, e2e, cgroupv2,
+conformance.
 
 Sessions run in the current interpreter (no virtualenvs): `scripts/bootstrap` installs the
 project with its test and dev extras once, and CI does not download everything a second time.
@@ -113,17 +114,21 @@ def cgroupv2(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    # scripts/control-plane and scripts/cgroupv2-vm have no .py suffix: ruff checks them only
-    # when named.
-    paths = ["src", "tests", "scripts", "scripts/control-plane", "scripts/cgroupv2-vm", "bench"]
+    # scripts/control-plane, scripts/cgroupv2-vm and scripts/conformance have no .py suffix: ruff
+    # checks them only when named.
+    paths = [
+        "src", "tests", "scripts", "scripts/control-plane", "scripts/cgroupv2-vm",
+        "scripts/conformance", "bench",
+    ]
     session.run(PYTHON, "-m", "ruff", "check", *paths, "noxfile.py")
 
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
     session.run(PYTHON, "-m", "mypy", "src", "scripts/control-plane")
-    # A second run: mypy takes both suffix-less scripts for one module named __main__.
+    # One run each: mypy takes suffix-less scripts for one module named __main__.
     session.run(PYTHON, "-m", "mypy", "scripts/cgroupv2-vm")
+    session.run(PYTHON, "-m", "mypy", "scripts/conformance")
 
 
 @nox.session
@@ -169,3 +174,15 @@ def scenarios(session: nox.Session) -> None:
     """
     session.run(PYTHON, "scripts/record_scenarios.py", *session.posargs)
     session.run(PYTHON, "-m", "pytest", "-q", "tests/scenarios")
+
+
+@nox.session
+def conformance(session: nox.Session) -> None:
+    """Kubernetes' NodeConformance e2e suite against this checkout's kubelet (scripts/conformance;
+    root; about an hour; the first run on a machine builds the suite, kube-proxy and CoreDNS).
+
+    Without arguments the full selection runs and docs/conformance.md is rewritten; arguments
+    after `--` go to scripts/conformance instead: `nox -s conformance -- --focus 'host IP'`.
+    """
+    args = session.posargs or ["--doc", str(ROOT / "docs" / "conformance.md")]
+    session.run(PYTHON, "scripts/conformance", "run", "--lock", INTEGRATION_LOCK, *args)

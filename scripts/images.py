@@ -101,7 +101,14 @@ class Layer:
         return info
 
     def dir(self, name: str, mode: int = 0o755) -> None:
-        self.members.append((self._info(name, tarfile.DIRTYPE, mode), None))
+        """Add directory NAME and its missing parents; one already added is left as it is."""
+        present = {info.name for info, _ in self.members}
+        parts = name.split("/")
+        for depth in range(1, len(parts) + 1):
+            path = "/".join(parts[:depth])
+            if path not in present:
+                own_mode = mode if depth == len(parts) else 0o755
+                self.members.append((self._info(path, tarfile.DIRTYPE, own_mode), None))
 
     def file(self, name: str, data: bytes, mode: int = 0o644) -> None:
         info = self._info(name, tarfile.REGTYPE, mode)
@@ -192,7 +199,8 @@ def busybox_applets(busybox: Path) -> list[str]:
     return sorted({name for name in out.stdout.split() if name and "/" not in name} - {"busybox"})
 
 
-def busybox_layer(busybox: Path) -> Layer:
+def busybox_layer(busybox: Path, passwd: bytes = b"", group: bytes = b"") -> Layer:
+    """A busybox rootfs; PASSWD and GROUP lines are added to its root and nobody entries."""
     layer = Layer()
     for name in ("bin", "dev", "etc", "home", "proc", "root", "sys", "usr", "usr/bin", "var"):
         layer.dir(name, 0o700 if name == "root" else 0o755)
@@ -203,9 +211,9 @@ def busybox_layer(busybox: Path) -> Layer:
         layer.symlink(f"bin/{applet}", "busybox")
     layer.file(
         "etc/passwd",
-        b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/false\n",
+        b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/false\n" + passwd,
     )
-    layer.file("etc/group", b"root:x:0:\nnobody:x:65534:\n")
+    layer.file("etc/group", b"root:x:0:\nnobody:x:65534:\n" + group)
     return layer
 
 
