@@ -387,6 +387,7 @@ def run(args: argparse.Namespace, httpx: Any) -> dict[str, Any]:
                     [*agent_command(args.profile),
                      "--pod-manifest-path", str(manifests),
                      "--container-runtime-endpoint", endpoint,
+                     "--cgroups-per-qos=false",  # fake pods: no cgroups on the host
                      "--root-dir", str(workdir / "root"),
                      "--pod-logs-dir", str(workdir / "pod-logs"),
                      "--hostname-override", NODE, "--node-ip", "127.0.0.1",

@@ -262,6 +262,7 @@ async def run_phase(args: argparse.Namespace, endpoint: str, workdir: Path, http
     write_manifests(manifests, args.pods, with_probes, args.period, args.readiness, http_port)
     options = parse_run_options([
         "--pod-manifest-path", str(manifests), "--container-runtime-endpoint", endpoint,
+        "--cgroups-per-qos=false",  # fake pods: no cgroups on the host
         "--root-dir", str(workdir / "root"), "--pod-logs-dir", str(workdir / "pod-logs"),
         "--hostname-override", NODE, "--node-ip", "127.0.0.1",
         "--address", "127.0.0.1", "--port", str(free_port()), "--healthz-port", "0",

@@ -101,6 +101,7 @@ async def _run_agent(workdir: Path) -> None:
             str(manifests),
             "--container-runtime-endpoint",
             f"unix://{sock}",
+            "--cgroups-per-qos=false",  # fake pods: no cgroups on the host
             "--root-dir",
             str(workdir / "root"),
             "--pod-logs-dir",

@@ -227,6 +227,7 @@ def start_agent(manifests: Path, endpoint: str, workdir: Path, log: IO[str],
         [sys.executable, "-m", "trio_kubelet",
          "--pod-manifest-path", str(manifests),
          "--container-runtime-endpoint", endpoint,
+         "--cgroups-per-qos=false",  # fake pods: no cgroups on the host
          "--root-dir", str(workdir / "root"),
          "--pod-logs-dir", str(workdir / "pod-logs"),
          "--hostname-override", NODE, "--node-ip", "127.0.0.1", *flags],

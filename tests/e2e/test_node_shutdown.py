@@ -86,7 +86,14 @@ def test_sigterm_shuts_the_node_down_regular_pods_first(
     )
     api.create(
         PODS,
-        pod_manifest("critical", NODE, image, SLOW_STOP, priorityClassName="system-node-critical"),
+        pod_manifest(
+            "critical",
+            NODE,
+            image,
+            SLOW_STOP,
+            priorityClassName="system-node-critical",
+            terminationGracePeriodSeconds=30,
+        ),
     )
     for name in ("regular", "critical"):
         api.wait(f"{PODS}/{name}", running, timeout=60, what=f"{name} Running")
