@@ -93,8 +93,15 @@ def api(join_control_plane: ControlPlane) -> Iterator[Api]:
         admin.delete(f"/api/v1/nodes/{NODE}")
 
 
+# An operator's shell, not the test's: a PYTHONPATH naming this checkout's src/ (with its
+# egg-info) would make pip take trio-kubelet for installed already and skip it.
+OPERATOR_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def run(*argv: str | Path) -> None:
-    done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [str(a) for a in argv], capture_output=True, text=True, timeout=900, env=OPERATOR_ENV
+    )
     assert done.returncode == 0, f"{argv}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
@@ -169,7 +176,11 @@ def test_install_md_brings_a_node_into_the_cluster(
     # 5. Start it (as systemd would) and check.
     agent = AgentProcess(args=argv, log=tmp_path / "agent.log")
     agent.process = subprocess.Popen(
-        argv, stdout=agent.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
+        argv,
+        stdout=agent.log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=OPERATOR_ENV,
     )
     try:
         api.wait(
