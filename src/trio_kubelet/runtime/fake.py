@@ -24,6 +24,7 @@ import asyncio
 import collections
 import contextlib
 import hashlib
+import ipaddress
 import json
 import math
 import os
@@ -267,8 +268,14 @@ class FakeRuntime:
 
     def __init__(self, clock: Clock = time.time, *, pull_by_default: bool = True,
                  runtime_handlers: Iterable[str] = ("", "runc"),
-                 event_stream: bool = False) -> None:
+                 event_stream: bool = False,
+                 default_script: Callable[[v1.ContainerConfig], ContainerScript] | None = None,
+                 pod_network: str = "10.88.0.0/16") -> None:
         self.clock = clock
+        #: How a container nobody scripted behaves, from its config (e.g. its command,
+        #: ``fake_commands.script_for``); None: it runs until stopped.
+        self.default_script = default_script
+        self._pod_network = ipaddress.IPv4Network(pod_network)
         #: Whether GetContainerEvents is served (containerd 2.x) or UNIMPLEMENTED (1.6).
         self.event_stream = event_stream
         self._subscriptions: list[EventSubscription] = []
@@ -404,6 +411,9 @@ class FakeRuntime:
     def container_ids(self) -> list[str]:
         return list(self._containers)
 
+    def ready_sandboxes(self) -> int:
+        return sum(1 for sandbox in self._sandboxes.values() if sandbox.state == READY)
+
     def sandbox_ids(self) -> list[str]:
         return list(self._sandboxes)
 
@@ -436,7 +446,13 @@ class FakeRuntime:
         return found[0] if len(found) == 1 else None
 
     def _script(self, container: _Container) -> ContainerScript:
-        return self._scripts.get((container.pod_name, container.metadata.name), DEFAULT_SCRIPT)
+        return self._script_for(container.pod_name, container.config)
+
+    def _script_for(self, pod: str, config: v1.ContainerConfig) -> ContainerScript:
+        scripted = self._scripts.get((pod, config.metadata.name if config.metadata else ""))
+        if scripted is not None:
+            return scripted
+        return self.default_script(config) if self.default_script else DEFAULT_SCRIPT
 
     def _settle(self, container: _Container) -> None:
         """Apply a scripted exit whose time has come."""
@@ -544,10 +560,12 @@ class FakeRuntime:
         return v1.RunPodSandboxResponse(pod_sandbox_id=id)
 
     def _next_ip(self) -> str:
-        """Pod IPs from 10.88.0.2 up, never reused (like a host-local IPAM range)."""
+        """Pod IPs from .2 of the pod network up (.2 to .254 of each /24), never reused (like
+        a host-local IPAM range) until the network wraps around."""
         self._ips += 1
         subnet, host = divmod(self._ips - 1, 253)
-        return f"10.88.{subnet % 256}.{host + 2}"
+        offset = (subnet * 256 + host + 2) % self._pod_network.num_addresses
+        return str(self._pod_network.network_address + offset)
 
     def stop_pod_sandbox(self, request: v1.StopPodSandboxRequest) -> v1.StopPodSandboxResponse:
         sandbox = self._sandbox("StopPodSandbox", request.pod_sandbox_id)
@@ -655,7 +673,7 @@ class FakeRuntime:
         image = self._resolve_image(ref)
         if image is None:
             _fail(method, StatusCode.NOT_FOUND, f"failed to resolve image {ref!r}: not found")
-        script = self._scripts.get((pod.name, meta.name), DEFAULT_SCRIPT)
+        script = self._script_for(pod.name, config)
         if script.fail_create is not None:
             _fail(method, StatusCode.UNKNOWN, script.fail_create)
         id = self._next_id("container")
