@@ -6,8 +6,8 @@ each hollow node is the real agent (``agent.run_agent``: sources, sync loop, pod
 manager, node status and Lease, events) with its own node name, `FakeRuntime` (commands run
 as ``runtime/fake_commands.py`` says), status store and caches. What a real node would share
 with nobody but costs per node here is shared: the parsed configuration, the machine facts, the
-kubeconfig's credentials and one HTTP connection pool to the API server (each node still has
-its own client, so its own QPS limit and metrics). Nothing touches the host: no cgroups, no OOM
+kubeconfig's credentials and TLS context (each node has its own API client, so its own
+connections, QPS limit and metrics, as a real node's). Nothing touches the host: no cgroups, no OOM
 watcher, no sampling, no volumes on disk, no HTTP servers unless asked; each node's pod logs
 and certificates go to its own scratch directory.
 
@@ -29,7 +29,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import httpx
 import trio
 
 from trio_kubelet.agent import AgentHost, run_agent
@@ -126,26 +125,14 @@ class RequestCounts:
             self.errors += 1
 
 
-class _SharedTransport(httpx.AsyncBaseTransport):
-    """The process's one connection pool, lent to every node's client: closing a client
-    leaves it open (the runner closes it last)."""
-
-    def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
-        self._transport = transport
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self._transport.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        pass
-
-
 @dataclass(frozen=True)
 class _SharedAPI:
-    """Opens each node's API client on the shared connection and pool (`AgentHost.open_api`)."""
+    """Opens each node's API client (`AgentHost.open_api`) with the kubeconfig parsed once and
+    its TLS context shared; each client keeps its own small connection pool, because httpx's
+    pool scans all its connections for every request (one pool of thousands of connections
+    cost more CPU than everything else: docs/scale.md)."""
 
     connection: Connection
-    transport: httpx.AsyncBaseTransport
     counts: RequestCounts
 
     def open(
@@ -160,7 +147,6 @@ class _SharedAPI:
             self.connection,
             qps=config.kube_api_qps,
             burst=config.kube_api_burst,
-            transport=self.transport,
             observer=observe,
         )
         return api, None
@@ -184,7 +170,7 @@ async def run_hollow(
         options.scratch.mkdir(parents=True, exist_ok=True)
         machine = await trio.to_thread.run_sync(read_machine_facts, options.scratch)
     counts = RequestCounts()
-    shared, pool = _shared_api(options.base, counts)
+    shared = _shared_api(options.base, counts)
     runtimes: dict[str, FakeRuntime] = {}
     try:
         async with trio.open_nursery() as top:
@@ -211,8 +197,6 @@ async def run_hollow(
         with trio.CancelScope(shield=True):
             if shared is not None and not options.keep_nodes:
                 await _delete_nodes(shared, options)
-            if pool is not None:
-                await pool.aclose()
 
 
 def _runtime(index: int) -> FakeRuntime:
@@ -233,19 +217,11 @@ async def _run_node(options: AgentOptions, host: AgentHost) -> None:
     await run_agent(options, host=host)
 
 
-def _shared_api(
-    base: AgentOptions, counts: RequestCounts
-) -> tuple[_SharedAPI | None, httpx.AsyncBaseTransport | None]:
-    """One parsed kubeconfig and one connection pool for every node (None: no --kubeconfig)."""
+def _shared_api(base: AgentOptions, counts: RequestCounts) -> _SharedAPI | None:
+    """The kubeconfig, parsed once for every node (None: no --kubeconfig)."""
     if base.kubeconfig is None:
-        return None, None
-    connection = load_kubeconfig(base.kubeconfig)
-    # Unbounded: every node keeps a few watches open, each on a connection of its own.
-    pool = httpx.AsyncHTTPTransport(
-        verify=connection.ssl_context or True,
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
-    )
-    return _SharedAPI(connection, _SharedTransport(pool), counts), pool
+        return None
+    return _SharedAPI(load_kubeconfig(base.kubeconfig), counts)
 
 
 async def _stop_on_signal(cancel_scope: trio.CancelScope) -> None:
@@ -277,7 +253,7 @@ async def _summarize(runtimes: dict[str, FakeRuntime], counts: RequestCounts) ->
 async def _delete_nodes(shared: _SharedAPI, options: HollowOptions) -> None:
     """Delete every hollow Node (its Lease goes with it, owned by the Node), DELETE_CONCURRENCY
     at a time, for at most DELETE_TIMEOUT seconds."""
-    client = APIClient(shared.connection, qps=100, burst=100, transport=shared.transport)
+    client = APIClient(shared.connection, qps=100, burst=100)
     limit = trio.Semaphore(DELETE_CONCURRENCY)
     deleted = 0
 

@@ -28,7 +28,6 @@ QUICK = frozenset({
     "true", ":", "echo", "printf", "date", "env", "hostname", "id", "pwd", "ls", "cat",
     "test", "[", "touch", "mkdir", "rm", "cp", "mv", "ln", "chmod", "export", "cd", "wc",
 })
-_SEPARATORS = re.compile(r"\s*(?:;|&&|\|\||\n)\s*")
 _SLEEP = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)([smhd]?)$")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -79,15 +78,26 @@ def _exit_code(args: Sequence[str]) -> int:
         return 2  # the shell's "exit: Illegal number"
 
 
+def _commands(script: str) -> list[list[str]]:
+    """The script's simple commands (quotes respected); raises ValueError on unbalanced quotes."""
+    lexer = shlex.shlex(script.replace("\n", ";"), posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    commands: list[list[str]] = [[]]
+    for token in lexer:
+        if token and set(token) <= set(";&|"):
+            commands.append([])
+        else:
+            commands[-1].append(token)
+    return [words for words in commands if words]
+
+
 def _shell(script: str) -> ContainerScript:
+    try:
+        commands = _commands(script)
+    except ValueError:  # unbalanced quotes: the shell's syntax error, before anything runs
+        return ContainerScript(exit_after=0.0, exit_code=2)
     elapsed, code = 0.0, 0
-    for part in _SEPARATORS.split(script.strip()):
-        try:
-            words = shlex.split(part)
-        except ValueError:  # unbalanced quotes: the shell's syntax error
-            return ContainerScript(exit_after=elapsed, exit_code=2)
-        if not words:
-            continue
+    for words in commands:
         if words[0] in LOOPS:
             return DEFAULT_SCRIPT
         program = words[0].rsplit("/", 1)[-1]
