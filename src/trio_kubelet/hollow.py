@@ -39,6 +39,7 @@ from trio_kubelet.certificate.client import ClientCertificateManager
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.config import AgentOptions
 from trio_kubelet.metrics import AgentMetrics
+from trio_kubelet.node.lease import LEASE_NAMESPACE
 from trio_kubelet.node.machine import read_machine_facts
 from trio_kubelet.node.registration import MachineFacts
 from trio_kubelet.runtime.fake import FakeRuntime, in_process_opener
@@ -59,6 +60,8 @@ CLUSTER_DNS = "10.0.0.10"
 SUMMARY_PERIOD = 60.0  # seconds between the runner's summary lines
 DELETE_CONCURRENCY = 20  # Node deletions in flight at exit
 DELETE_TIMEOUT = 60.0
+
+LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases"
 
 NODE = contextvars.ContextVar("hollow_node", default="")
 
@@ -251,8 +254,9 @@ async def _summarize(runtimes: dict[str, FakeRuntime], counts: RequestCounts) ->
 
 
 async def _delete_nodes(shared: _SharedAPI, options: HollowOptions) -> None:
-    """Delete every hollow Node (its Lease goes with it, owned by the Node), DELETE_CONCURRENCY
-    at a time, for at most DELETE_TIMEOUT seconds."""
+    """Delete every hollow Node and its Lease, DELETE_CONCURRENCY at a time, for at most
+    DELETE_TIMEOUT seconds. (The garbage collector would delete the Lease, owned by the Node,
+    but only later: a runner started again meanwhile would adopt it, then see it deleted.)"""
     client = APIClient(shared.connection, qps=100, burst=100)
     limit = trio.Semaphore(DELETE_CONCURRENCY)
     deleted = 0
@@ -260,13 +264,15 @@ async def _delete_nodes(shared: _SharedAPI, options: HollowOptions) -> None:
     async def delete(name: str) -> None:
         nonlocal deleted
         async with limit:
-            try:
-                await client.delete(f"/api/v1/nodes/{name}")
-                deleted += 1
-            except NotFound:
-                pass
-            except APIError as err:
-                log.warning("Could not delete hollow node %s: %s", name, err)
+            for path in (f"/api/v1/nodes/{name}", f"{LEASES}/{name}"):
+                try:
+                    await client.delete(path)
+                except NotFound:
+                    pass
+                except APIError as err:
+                    log.warning("Could not delete %s: %s", path, err)
+                    return
+            deleted += 1
 
     with trio.move_on_after(DELETE_TIMEOUT) as timeout:
         async with trio.open_nursery() as nursery:
