@@ -138,7 +138,7 @@ class Observed:
         self.ready: dict[str, float] = {}  # node -> first seen Ready
         self.nodes: set[str] = set()
         self.renewals: dict[str, float] = {}  # lease -> last renewTime
-        self.gaps: list[float] = []
+        self.gaps: list[tuple[float, float]] = []  # (renewTime, seconds since the last one)
         self.running: dict[str, float] = {}  # pod -> first seen Running and ready
 
     def node(self, kind: str, node: dict[str, Any]) -> None:
@@ -163,7 +163,7 @@ class Observed:
         with self.lock:
             last = self.renewals.get(name)
             if last is not None and at > last:
-                self.gaps.append(at - last)
+                self.gaps.append((at, at - last))
             self.renewals[name] = at
 
     def pod(self, kind: str, pod: dict[str, Any]) -> None:
@@ -205,6 +205,17 @@ def requests_per_minute(log: Path, since: datetime, until: datetime) -> float | 
         if since <= at <= until:
             counts.append(int(total) * 60 / int(seconds))
     return sum(counts) / len(counts) if counts else None
+
+
+def renewal_figures(gaps: list[float]) -> dict[str, Any]:
+    late = [g for g in gaps if g > LATE_FACTOR * RENEW_INTERVAL]
+    return {
+        "count": len(gaps), "late": len(late),
+        "late_percent": round(100 * len(late) / len(gaps), 3) if gaps else None,
+        "late_threshold_s": LATE_FACTOR * RENEW_INTERVAL,
+        "gap_p50_s": percentile(gaps, 0.5), "gap_p99_s": percentile(gaps, 0.99),
+        "gap_max_s": round(max(gaps), 3) if gaps else None,
+    }
 
 
 def create_pods(admin: httpx.Client, count: int, rate: float) -> tuple[dict[str, float], int]:
@@ -302,6 +313,7 @@ def main() -> None:
                 round(per_minute / args.nodes, 2) if per_minute is not None else None),
             "loadavg": load(),
         }
+        pods_from = time.time()
         if args.pods:
             cpu0, t0, wall0 = cpu_seconds(pid), time.monotonic(), datetime.now()
             created, failures = create_pods(admin, args.pods, args.rate)
@@ -333,15 +345,11 @@ def main() -> None:
             result["pods_phase"]["all_deleted_s"] = (
                 round(time.monotonic() - deleted_at, 1) if gone else None)
         with observed.lock:
-            gaps = list(observed.gaps)
-        late = [g for g in gaps if g > LATE_FACTOR * RENEW_INTERVAL]
-        result["lease_renewals"] = {
-            "count": len(gaps), "late": len(late),
-            "late_percent": round(100 * len(late) / len(gaps), 3) if gaps else None,
-            "late_threshold_s": LATE_FACTOR * RENEW_INTERVAL,
-            "gap_p50_s": percentile(gaps, 0.5), "gap_p99_s": percentile(gaps, 0.99),
-            "gap_max_s": round(max(gaps), 3) if gaps else None,
-        }
+            renewals = list(observed.gaps)
+        result["lease_renewals_until_pods"] = renewal_figures(
+            [gap for at, gap in renewals if at < pods_from])
+        result["lease_renewals_with_pods"] = renewal_figures(
+            [gap for at, gap in renewals if at >= pods_from])
     finally:
         stopped = time.monotonic()
         runner.send_signal(signal.SIGTERM)
