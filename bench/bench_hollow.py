@@ -337,7 +337,7 @@ def main() -> None:
                 "loadavg": load(),
             }
             deleted_at = time.monotonic()
-            admin.delete(f"/api/v1/namespaces/{NAMESPACE}/pods",
+            admin.delete(f"/api/v1/namespaces/{NAMESPACE}/pods", timeout=600,
                          params={"labelSelector": "bench=hollow"})
             gone = wait(lambda: not admin.get(
                 f"/api/v1/namespaces/{NAMESPACE}/pods",
@@ -369,7 +369,7 @@ def main() -> None:
             subprocess.run([sys.executable, str(SCRIPTS / "control-plane"), "down", str(cp)],
                            capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(result, indent=1))
+        print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
