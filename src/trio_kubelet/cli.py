@@ -865,7 +865,7 @@ def _hollow(args: argparse.Namespace) -> int:
     try:
         with hollow.node_log_prefix(logging.getLogger().handlers[0]), \
                 contextlib.suppress(KeyboardInterrupt):
-            trio.run(hollow.run_hollow, options)
+            trio.run(hollow.run_process, options)
     finally:
         if args.root_dir is None:
             shutil.rmtree(scratch, ignore_errors=True)

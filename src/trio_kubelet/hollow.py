@@ -202,7 +202,6 @@ async def run_hollow(
                         await trio.sleep(1 / options.start_rate)
                 log.info("Started %d hollow nodes", options.nodes)
                 task_status.started(runtimes)
-                top.start_soon(_freeze_long_lived)
     finally:
         with trio.CancelScope(shield=True):
             if shared is not None and not options.keep_nodes:
@@ -234,13 +233,23 @@ def _shared_api(base: AgentOptions, counts: RequestCounts) -> _SharedAPI | None:
     return _SharedAPI(load_kubeconfig(base.kubeconfig), counts)
 
 
-async def _freeze_long_lived() -> None:
-    """Once the nodes have built their state, keep it out of the collector's passes."""
-    await trio.sleep(FREEZE_AFTER)
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-    log.info("Froze %d long-lived objects", gc.get_freeze_count())
+async def run_process(options: HollowOptions) -> None:
+    """`run_hollow` as the whole process (``trio-kubelet hollow``): once the nodes have built
+    their state, it is kept out of the collector's passes."""
+    async with trio.open_nursery() as nursery:
+
+        async def run_then_stop(
+            *, task_status: trio.TaskStatus[dict[str, FakeRuntime]] = trio.TASK_STATUS_IGNORED
+        ) -> None:
+            await run_hollow(options, task_status=task_status)
+            nursery.cancel_scope.cancel()  # stopped by a signal: do not wait to freeze
+
+        await nursery.start(run_then_stop)
+        await trio.sleep(FREEZE_AFTER)
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
+        log.info("Froze %d long-lived objects", gc.get_freeze_count())
 
 
 async def _stop_on_signal(cancel_scope: trio.CancelScope) -> None:
