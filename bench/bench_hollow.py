@@ -7,7 +7,8 @@ kube-scheduler, kube-controller-manager with every controller), then ``trio-kube
 * nodes Ready: seconds from the process's start until every node is Ready (and the p50/p99 of
   the nodes' own times), from a watch on Nodes;
 * lease renewals: from a watch on the Leases, the gap between consecutive renewTimes of each
-  hollow node's Lease over the whole run; a renewal is late when its gap exceeds 1.25 times the
+  hollow node's Lease, during start-up (until 15 s after every node is Ready), idle, and while
+  the pods start; a renewal is late when its gap exceeds 1.25 times the
   renew interval (10 s of the 40 s lease: the Go kubelet renews every 10 s ± 4 %);
 * idle cost: the process's CPU (utime+stime from /proc) over ``--idle`` seconds once every node
   is Ready, as % of one core per node, and its RSS per node;
@@ -250,7 +251,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0, help="pods created per second")
     parser.add_argument("--idle", type=float, default=130.0,
                         help="seconds of idle measurement once every node is Ready")
-    parser.add_argument("--start-rate", type=float, default=0.0,
+    parser.add_argument("--start-rate", type=float, default=50.0,
                         help="the runner's --start-rate (nodes per second; 0: all at once)")
     parser.add_argument("--control-plane", type=Path, help="reuse a running control plane DIR "
                         "(with kube-scheduler and kube-controller-manager)")
@@ -297,6 +298,7 @@ def main() -> None:
         result["rss_mib_after_ready"] = round(rss_bytes(pid) / 2**20, 1)
         # Idle: let the start-up settle (every node's first status rounds), then measure.
         time.sleep(15)
+        idle_from = time.time()
         cpu0, t0, wall0 = cpu_seconds(pid), time.monotonic(), datetime.now()
         time.sleep(args.idle)
         cpu1, t1, wall1 = cpu_seconds(pid), time.monotonic(), datetime.now()
@@ -346,8 +348,10 @@ def main() -> None:
                 round(time.monotonic() - deleted_at, 1) if gone else None)
         with observed.lock:
             renewals = list(observed.gaps)
-        result["lease_renewals_until_pods"] = renewal_figures(
-            [gap for at, gap in renewals if at < pods_from])
+        result["lease_renewals_start_up"] = renewal_figures(
+            [gap for at, gap in renewals if at < idle_from])
+        result["lease_renewals_idle"] = renewal_figures(
+            [gap for at, gap in renewals if idle_from <= at < pods_from])
         result["lease_renewals_with_pods"] = renewal_figures(
             [gap for at, gap in renewals if at >= pods_from])
     finally:

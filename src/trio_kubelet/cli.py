@@ -675,8 +675,8 @@ def _add_hollow_flags(parser: argparse.ArgumentParser) -> None:
                         help="record each node for replay, to DIR/NODE.jsonl")
     parser.add_argument("--port-base", type=_port, metavar="PORT",
                         help="serve node i's kubelet API on PORT+i (default: no HTTP servers)")
-    parser.add_argument("--start-rate", type=_rate, default=0.0, metavar="NODES_PER_SECOND",
-                        help="start the nodes at this rate (default 0: all at once)")
+    parser.add_argument("--start-rate", type=_rate, metavar="NODES_PER_SECOND",
+                        help="start the nodes at this rate (default 50; 0: all at once)")
     parser.add_argument("--keep-nodes", action="store_true",
                         help="leave the Node objects at exit (they go NotReady) instead of "
                         "deleting them")
@@ -853,7 +853,7 @@ def _hollow(args: argparse.Namespace) -> int:
     options = hollow.HollowOptions(
         base=base, nodes=args.nodes, scratch=base.root_dir, name_prefix=args.name_prefix,
         record_dir=args.record_dir, port_base=args.port_base, keep_nodes=args.keep_nodes,
-        start_rate=args.start_rate,
+        start_rate=hollow.DEFAULT_START_RATE if args.start_rate is None else args.start_rate,
     )
     configure_logging(args.verbosity)
     if args.verbosity < 2:  # 500 nodes' lines would drown the runner's own
