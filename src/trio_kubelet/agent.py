@@ -6,7 +6,8 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import partial
 from pathlib import Path
@@ -45,6 +46,7 @@ from trio_kubelet.node.machine import read_machine_facts
 from trio_kubelet.node.manager import NodeManager, NodePressure, RuntimeProbe
 from trio_kubelet.node.registration import (
     Amount,
+    MachineFacts,
     allocatable_reservation,
     configured_allocatable,
     machine_capacity,
@@ -97,6 +99,35 @@ HOUSEKEEPING_INTERVAL = 10.0
 # How often the eviction manager compares the latest sample with its thresholds (Go's
 # evictionMonitoringPeriod).
 EVICTION_MONITORING_INTERVAL = 10.0
+
+RuntimeOpener = Callable[..., AbstractAsyncContextManager[CRIClient]]
+APIOpener = Callable[
+    [AgentOptions, AgentMetrics, TrioWallClock],
+    tuple[APIClient | None, ClientCertificateManager | None],
+]
+
+
+@dataclass(frozen=True)
+class AgentHost:
+    """What the agent takes from the machine and process it runs in. The defaults are a real
+    node's; a hollow node (hollow.py) runs many agents in one process over stand-ins.
+
+    ``open_runtime``/``open_api`` (None: `open_cri_client`, `open_api_client`) open the CRI
+    and API-server clients; ``machine`` is the Node's machine (None: read the host);
+    ``host_resources`` False leaves the host alone: no QoS cgroups, no OOM watcher, no
+    cgroup/filesystem sampling, eviction or image GC, no pod volumes on disk; ``serve`` runs the
+    kubelet's HTTP servers; ``signals`` handles SIGINT/SIGTERM (else the caller cancels).
+    """
+
+    open_runtime: RuntimeOpener | None = None
+    open_api: APIOpener | None = None
+    machine: MachineFacts | None = None
+    host_resources: bool = True
+    serve: bool = True
+    signals: bool = True
+
+
+REAL_HOST = AgentHost()
 
 
 def _node_facts(
@@ -309,6 +340,7 @@ async def _run_cluster_tasks(
     clock: TrioWallClock,
     shutdown: NodeShutdownManager,
     pressure: NodePressure | None = None,
+    machine: MachineFacts | None = None,
 ) -> None:
     """The API-server side: the Node and its Lease, pod source, referenced objects and
     Services, pod statuses, mirror pods. ``send`` becomes the pod source's (it closes it)."""
@@ -322,7 +354,7 @@ async def _run_cluster_tasks(
     images = NodeImages(cri)  # status.images
     await nursery.start(images.run)
     health = replace(health, shutdown_error=shutdown.shutdown_error, images=lambda: images.latest)
-    node = NodeManager(api, options, health, clock, events=events)
+    node = NodeManager(api, options, health, clock, machine=machine, events=events)
     await nursery.start(node.run)
     shutdown.on_shutdown.append(node.sync_soon)
     config_maps = ObjectCache(api, "configmaps")
@@ -420,19 +452,21 @@ async def run_agent(
     *,
     store: PodStatusStore | None = None,
     cri_observer: Observer | None = None,
+    host: AgentHost = REAL_HOST,
     task_status: trio.TaskStatus[SyncLoop] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the node agent until SIGINT/SIGTERM (or cancellation). Pods outlive the agent.
 
     ``store`` and ``cri_observer`` let tests and benchmarks watch the agent from
-    inside the same process.
+    inside the same process; ``host`` says what it may take from the machine.
     """
     config = options.config
     endpoint = config.container_runtime_endpoint
     log.info("trio-kubelet %s starting on node %s", __version__, options.node_name)
     # Read once at start-up, on the event loop (a few small files; a thread would stall
     # MockClock recordings).
-    capacity = machine_capacity(read_machine_facts(options.root_dir), config.max_pods)
+    machine = host.machine if host.machine is not None else read_machine_facts(options.root_dir)
+    capacity = machine_capacity(machine, config.max_pods)
     # Before anything starts: a threshold that cannot be used is a configuration error.
     pods_limits = kubepods_limits(options, capacity)
     pods_memory = pods_limits.get("memory")
@@ -446,14 +480,15 @@ async def run_agent(
     metrics = AgentMetrics(options.node_name)
     loops: list[SyncLoop] = []
     recorder = _start_recorder(options, clock, lambda: loops[0])
-    api, certificates = open_api_client(options, metrics, clock)
+    api, certificates = (host.open_api or open_api_client)(options, metrics, clock)
     credentials_ready = certificates.ready if certificates is not None else trio.Event()
     if certificates is None:
         credentials_ready.set()
     async with trio.open_nursery() as top:
         shutdown = NodeShutdownManager(config, options.node_name)
         node_shutdown = trio.Event() if shutdown.enabled else None
-        top.start_soon(_stop_on_signal, top.cancel_scope, node_shutdown)
+        if host.signals:
+            top.start_soon(_stop_on_signal, top.cancel_scope, node_shutdown)
         if certificates is not None:
             top.start_soon(certificates.run)
         serving = None
@@ -467,7 +502,7 @@ async def run_agent(
         observer = _observers(
             cri_observer, metrics.cri_observer, recorder.cri_observer if recorder else None
         )
-        async with open_cri_client(
+        async with (host.open_runtime or open_cri_client)(
             endpoint, timeout=config.runtime_request_timeout, observer=observer
         ) as client:
             runtime = await wait_for_runtime(client, endpoint)
@@ -499,7 +534,8 @@ async def run_agent(
                 runtime_name=runtime.split()[0],
                 recorder=recorder,
                 node=_node_facts(options, events, capacity),
-                volumes=VolumeManager(options.root_dir / "pods", events=events),
+                volumes=(VolumeManager(options.root_dir / "pods", events=events)
+                         if host.host_resources else None),
             )
             send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
             probes = ProbeManager(
@@ -540,7 +576,8 @@ async def run_agent(
                 *eviction.node_conditions(), *shutdown.admission_conditions()
             )
             async with trio.open_nursery() as nursery:
-                ctx.qos = await _start_qos_cgroups(nursery, options, store, pods_limits)
+                if host.host_resources:
+                    ctx.qos = await _start_qos_cgroups(nursery, options, store, pods_limits)
                 await nursery.start(probes.run)
                 await nursery.start(loop.run, receive)
                 if node_shutdown is not None:
@@ -575,7 +612,7 @@ async def run_agent(
                     cluster = partial(
                         _run_cluster_tasks,
                         nursery, send.clone(), api, client, events, options, loop, ctx, clock,
-                        shutdown, eviction,
+                        shutdown, eviction, machine,
                     )
                     if credentials_ready.is_set():
                         await cluster()
@@ -595,15 +632,19 @@ async def run_agent(
                     await nursery.start(supervise, "http", manifest_url, send.clone())
                 # The runtime's event stream unless the EventedPLEG gate is set to false
                 # (Go's gate is off by default; docs/architecture.md says why ours is on).
-                pleg = partial(run_pleg, client=client, metrics=metrics, on_relist=oom.update,
+                pleg = partial(run_pleg, client=client, metrics=metrics,
+                               on_relist=oom.update if host.host_resources else None,
                                container_events=config.feature_gates.get("EventedPLEG", True))
                 nursery.start_soon(supervise, "pleg", pleg, send.clone())
                 nursery.start_soon(_resync, send.clone(), config.sync_frequency)
-                await nursery.start(oom.run, send.clone())
-                await nursery.start(volume_stats.run)
-                nursery.start_soon(partial(sampler.run, client, interval=HOUSEKEEPING_INTERVAL))
-                await nursery.start(image_gc.run)
-                await nursery.start(eviction.run)
+                if host.host_resources:
+                    await nursery.start(oom.run, send.clone())
+                    await nursery.start(volume_stats.run)
+                    nursery.start_soon(
+                        partial(sampler.run, client, interval=HOUSEKEEPING_INTERVAL)
+                    )
+                    await nursery.start(eviction.run)
+                    await nursery.start(image_gc.run)
                 view = NodeView(
                     options=options,
                     store=store,
@@ -613,7 +654,8 @@ async def run_agent(
                     latest_sample=lambda: sampler.latest,
                     pod_logs_dir=Path(config.pod_logs_dir),
                 )
-                await nursery.start(partial(_serve, view, metrics, api, serving))
+                if host.serve:
+                    await nursery.start(partial(_serve, view, metrics, api, serving))
                 if options.show_pods:
                     nursery.start_soon(print_pod_changes, store, sys.stdout, clock)
                 send.close()

@@ -1,4 +1,5 @@
-"""The ``trio-kubelet`` command line: ``run`` (the node agent, Go kubelet flags) and ``replay``.
+"""The ``trio-kubelet`` command line: ``run`` (the node agent, Go kubelet flags), ``replay`` and
+``hollow`` (many simulated nodes in one process).
 
 ``trio-kubelet --config k.yaml --pod-manifest-path /etc/kubernetes/manifests`` works
 as the Go kubelet's command line does: with no subcommand the agent runs. Flags
@@ -17,7 +18,7 @@ import logging
 import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
@@ -629,6 +630,60 @@ def _add_replay_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive (got {value})")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _int(text)
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"must be a port between 1 and 65535 (got {value})")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {json.dumps(text)}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must not be negative (got {json.dumps(text)})")
+    return value
+
+
+def _add_hollow_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kubeconfig", type=Path, required=True, metavar="FILE",
+                        help="API server credentials every hollow node uses")
+    parser.add_argument("--nodes", type=_positive_int, required=True, metavar="N",
+                        help="how many hollow nodes to run")
+    parser.add_argument("--name-prefix", default="hollow-", metavar="PREFIX",
+                        help="node i is named PREFIXi (default hollow-)")
+    parser.add_argument("--max-pods", type=_positive_int, metavar="N",
+                        help="pods per node (maxPods; default 110)")
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="KubeletConfiguration every hollow node shares")
+    parser.add_argument("--root-dir", type=Path, metavar="DIR",
+                        help="scratch directory, DIR/NODE per node (default: a new temporary "
+                        "directory, removed at exit)")
+    parser.add_argument("--record-dir", type=Path, metavar="DIR",
+                        help="record each node for replay, to DIR/NODE.jsonl")
+    parser.add_argument("--port-base", type=_port, metavar="PORT",
+                        help="serve node i's kubelet API on PORT+i (default: no HTTP servers)")
+    parser.add_argument("--start-rate", type=_rate, metavar="NODES_PER_SECOND",
+                        help="start the nodes at this rate (default 50; 0: all at once)")
+    parser.add_argument("--keep-nodes", action="store_true",
+                        help="leave the Node objects at exit (they go NotReady) instead of "
+                        "deleting them")
+    parser.add_argument("--v", "-v", dest="verbosity", type=_verbosity, default=0, metavar="N",
+                        help="log verbosity; 2 or more logs every node's messages")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="A Kubernetes node agent on trio.", allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
@@ -639,6 +694,11 @@ def build_parser() -> argparse.ArgumentParser:
         "replay", help="re-run a recording's decisions under a virtual clock", allow_abbrev=False
     )
     _add_replay_flags(replay)
+    hollow = commands.add_parser(
+        "hollow", help="run many simulated nodes (real agents over fake runtimes) in one process",
+        allow_abbrev=False,
+    )
+    _add_hollow_flags(hollow)
     return parser
 
 
@@ -761,6 +821,57 @@ def _replay(args: argparse.Namespace) -> int:
     return int(status or 0)
 
 
+def _hollow(args: argparse.Namespace) -> int:
+    import shutil
+    import tempfile
+
+    import trio
+
+    from trio_kubelet import hollow
+
+    first = f"{args.name_prefix}0"
+    if len(first) > 253 or not _DNS_SUBDOMAIN.match(first):
+        return _fail(f"--name-prefix: {json.dumps(args.name_prefix)} does not make valid node "
+                     f"names ({json.dumps(first)} is not a lowercase RFC 1123 subdomain)")
+    if args.nodes > hollow.MAX_NODES:
+        return _fail(f"--nodes: at most {hollow.MAX_NODES} (got {args.nodes})")
+    overrides: dict[str, tuple[str, Any]] = {
+        "cgroupsPerQOS": ("hollow", False),
+        "resolvConf": ("hollow", ""),
+        "healthzPort": ("hollow", 0),
+    }
+    if args.max_pods is not None:
+        overrides["maxPods"] = ("--max-pods", args.max_pods)
+    scratch = args.root_dir or Path(tempfile.mkdtemp(prefix="trio-kubelet-hollow-"))
+    base = build_agent_options(
+        config_file=args.config, overrides=overrides, root_dir=scratch,
+        hostname_override=first, kubeconfig=args.kubeconfig, verbosity=args.verbosity,
+    )
+    if not base.config.cluster_dns:  # else every pod gets a MissingClusterDNS event
+        base = replace(base, config=base.config.model_copy(
+            update={"cluster_dns": [hollow.CLUSTER_DNS]}))
+    options = hollow.HollowOptions(
+        base=base, nodes=args.nodes, scratch=base.root_dir, name_prefix=args.name_prefix,
+        record_dir=args.record_dir, port_base=args.port_base, keep_nodes=args.keep_nodes,
+        start_rate=hollow.DEFAULT_START_RATE if args.start_rate is None else args.start_rate,
+    )
+    configure_logging(args.verbosity)
+    if args.verbosity < 2:  # 500 nodes' lines would drown the runner's own
+        logging.getLogger("trio_kubelet").setLevel(logging.WARNING)
+        logging.getLogger("trio_kubelet.hollow").setLevel(logging.INFO)
+    if args.record_dir is not None:
+        args.record_dir.mkdir(parents=True, exist_ok=True)
+    gc.freeze()
+    try:
+        with hollow.node_log_prefix(logging.getLogger().handlers[0]), \
+                contextlib.suppress(KeyboardInterrupt):
+            trio.run(hollow.run_process, options)
+    finally:
+        if args.root_dir is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
 def _with_default_command(argv: Sequence[str]) -> list[str]:
     """No subcommand means ``run``, so the Go kubelet's command lines work unchanged."""
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
@@ -780,6 +891,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "replay":
             return _replay(args)
+        if args.command == "hollow":
+            return _hollow(args)
         return _run(args)
     except ConfigError as exc:
         return _fail(str(exc))

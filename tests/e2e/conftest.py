@@ -28,6 +28,7 @@ SCRIPTS = HERE.parents[1] / "scripts"
 CONTROL_PLANE = SCRIPTS / "control-plane"
 REUSE_ENV_VAR = "TRIO_KUBELET_E2E_CONTROL_PLANE"
 JOIN_REUSE_ENV_VAR = "TRIO_KUBELET_E2E_JOIN_CONTROL_PLANE"
+CLUSTER_REUSE_ENV_VAR = "TRIO_KUBELET_E2E_CLUSTER_CONTROL_PLANE"
 NODE = "e2e-node"  # the node the session's credentials are made for
 UP_TIMEOUT = 3600.0  # seconds: the first `up` on a machine builds kube-apiserver and etcd
 
@@ -190,3 +191,15 @@ def join_control_plane() -> Iterator[ControlPlane]:
         "--controller-manager",
         "--kubelet-certificate-authority",
     )
+
+
+@pytest.fixture(scope="session")
+def cluster_control_plane() -> Iterator[ControlPlane]:
+    """A control plane that schedules and manages pods as a cluster's does, or the running one in
+    $TRIO_KUBELET_E2E_CLUSTER_CONTROL_PLANE: kube-scheduler, and kube-controller-manager with every
+    controller (deployments, jobs, node lifecycle, garbage collection...)."""
+    for plane in _control_plane_fixture(
+        CLUSTER_REUSE_ENV_VAR, "tk-cp-cluster-", "--controller-manager", "--scheduler"
+    ):
+        plane.start_controller_manager("--controllers", "*")
+        yield plane

@@ -37,6 +37,7 @@ PATCH_CONTENT_TYPES: dict[PatchType, str] = {
     "json": "application/json-patch+json",
 }
 REQUEST_TIMEOUT = 30.0
+IDLE_CONNECTION_TIMEOUT = 90.0  # Go's http.DefaultTransport IdleConnTimeout
 JSON = dict[str, Any]
 # Told of every request: host, method, HTTP status (None when there was no answer).
 RequestObserver = Callable[[str, str, int | None], None]
@@ -193,7 +194,10 @@ class APIClient:
 
 
 def _https_transport(connection: Connection) -> httpx.AsyncHTTPTransport:
-    return httpx.AsyncHTTPTransport(verify=connection.ssl_context or True)
+    # Kept alive as long as client-go keeps an idle connection (not httpx's 5 s, shorter than
+    # the 10 s between a node's status and Lease rounds: a TLS handshake for nearly every one).
+    limits = httpx.Limits(keepalive_expiry=IDLE_CONNECTION_TIMEOUT)
+    return httpx.AsyncHTTPTransport(verify=connection.ssl_context or True, limits=limits)
 
 
 async def _events(response: httpx.Response) -> AsyncIterator[WatchEvent]:
