@@ -58,8 +58,8 @@ from trio_kubelet.reconcile.container_gc import CONTAINER_GC_PERIOD, ContainerGC
 from trio_kubelet.reconcile.container_setup import NodeFacts
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import WorkerContext
-from trio_kubelet.replay.recorder import Recorder
-from trio_kubelet.replay.records import Header
+from trio_kubelet.recording.recorder import Recorder
+from trio_kubelet.recording.records import Header
 from trio_kubelet.resources.cgroups import CgroupError, QOSCgroups
 from trio_kubelet.resources.eviction import EvictionConfig, EvictionManager, NodeReclaimers
 from trio_kubelet.runtime.client import CRIClient, Observer, open_cri_client

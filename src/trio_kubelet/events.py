@@ -12,7 +12,6 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from trio_kubelet.model.pod import Pod
-from trio_kubelet.sources.oom import OOMEvent
 
 
 class _Event(BaseModel):
@@ -88,6 +87,20 @@ class ProbeResultEvent(_Event):
     probe: Literal["liveness", "readiness", "startup"]
     result: Literal["success", "failure", "unknown"]
     forget: str = ""
+
+class OOMEvent(_Event):
+    """The kernel OOM-killed a process in a container."""
+
+    kind: Literal["oom"] = "oom"
+    container_id: str
+    pod_uid: str = ""
+    pod_name: str = ""
+    pod_namespace: str = ""
+    container_name: str = ""
+    time: float  # epoch seconds when the agent saw it
+    count: int  # OOM kills seen in this container so far (container_oom_events_total)
+    process: str = ""  # the killed process, when /dev/kmsg named it
+    pid: int = 0
 
 
 class ResyncTick(_Event):

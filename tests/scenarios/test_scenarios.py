@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from trio_kubelet.cli import main
+from trio_kubelet.recording.records import DecisionRecord
 from trio_kubelet.replay.reader import read_recording
-from trio_kubelet.replay.records import DecisionRecord
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 RECORDING = "recording.jsonl"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import trio
 
+from trio_kubelet.recording.recorder import REDACTED, Recorder, redact
+from trio_kubelet.recording.records import Header, SnapshotRecord, StatusRecord
 from trio_kubelet.replay.reader import read_recording
-from trio_kubelet.replay.recorder import REDACTED, Recorder, redact
-from trio_kubelet.replay.records import Header, SnapshotRecord, StatusRecord
 from trio_kubelet.runtime.cri.runtime import v1
 
 

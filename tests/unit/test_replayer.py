@@ -29,8 +29,8 @@ from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.core import actions as core_actions
 from trio_kubelet.core.observed import ContainerState, RuntimeContainer
 from trio_kubelet.model.pod import Container, Pod
+from trio_kubelet.recording.records import DecisionRecord, Record
 from trio_kubelet.replay.reader import read_recording
-from trio_kubelet.replay.records import DecisionRecord, Record
 from trio_kubelet.replay.replayer import ReplayResult, replay, replay_in_virtual_time
 from trio_kubelet.runtime.fake import ContainerScript, FakeRuntime, in_process_opener
 

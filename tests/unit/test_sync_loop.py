@@ -35,8 +35,8 @@ from trio_kubelet.reconcile import workers
 from trio_kubelet.reconcile.container_setup import NodeFacts
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import SYNC_ERROR_RETRY, WorkerContext
+from trio_kubelet.recording.records import Header
 from trio_kubelet.replay.reader import read_recording
-from trio_kubelet.replay.records import Header
 from trio_kubelet.replay.replayer import ReplayResult, replay
 from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.client import CRIClient
@@ -270,7 +270,7 @@ async def test_a_new_pod_is_refused_under_the_pressure_the_eviction_manager_repo
 async def test_an_admission_under_pressure_replays_from_its_record(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    from trio_kubelet.replay.records import AdmissionRecord
+    from trio_kubelet.recording.records import AdmissionRecord
 
     recorder = ListRecorder()
     async with fake_runtime(tmp_path) as runtime, \
@@ -294,7 +294,7 @@ async def test_an_eviction_replays_from_its_record(
 ) -> None:
     """The manager's choice over the loop's real pods is recorded; replay re-chooses it."""
     from tests.unit.test_eviction import MiB, make_sample, pod_sample
-    from trio_kubelet.replay.records import AssessRecord, EvictionRecord
+    from trio_kubelet.recording.records import AssessRecord, EvictionRecord
     from trio_kubelet.resources.eviction import EvictionConfig, EvictionManager
 
     config = KubeletConfiguration.model_validate({"evictionHard": {"memory.available": "500Mi"}})
@@ -357,7 +357,7 @@ async def test_a_local_storage_eviction_replays_from_its_record(
 ) -> None:
     """The storage check over the loop's real pods is recorded; replay re-checks it."""
     from tests.unit.test_eviction import MiB, pod_sample, storage_sample
-    from trio_kubelet.replay.records import StorageEvictionRecord
+    from trio_kubelet.recording.records import StorageEvictionRecord
     from trio_kubelet.resources.eviction import EvictionConfig, EvictionManager
 
     config = KubeletConfiguration()

@@ -31,8 +31,7 @@ from trio_kubelet.core.pod_cgroups import pod_limits, pod_requests
 from trio_kubelet.core.stats import FsUsage, PodSample, Sample, ephemeral_usage
 from trio_kubelet.core.timestamps import format_time
 from trio_kubelet.model.pod import Pod, PodCondition, PodStatus
-from trio_kubelet.model.quantity import QuantityError, parse_quantity
-from trio_kubelet.node.registration import format_quantity
+from trio_kubelet.model.quantity import QuantityError, format_quantity, parse_quantity
 
 MEMORY_AVAILABLE = "memory.available"
 ALLOCATABLE_MEMORY_AVAILABLE = "allocatableMemory.available"

@@ -18,6 +18,7 @@ from trio_kubelet.core.admission import Rejection, admit
 from trio_kubelet.core.eviction import REASON_EVICTED
 from trio_kubelet.events import (
     Event,
+    OOMEvent,
     PodLifecycleEvent,
     PodSetUpdate,
     ProbeResultEvent,
@@ -27,8 +28,12 @@ from trio_kubelet.events import (
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.reconcile.podconfig import Change, PodConfig
 from trio_kubelet.reconcile.workers import PodWorker, WorkerContext
-from trio_kubelet.replay.records import AdmissionRecord, EventRecord, InFlightSpec, SnapshotRecord
-from trio_kubelet.sources.oom import OOMEvent
+from trio_kubelet.recording.records import (
+    AdmissionRecord,
+    EventRecord,
+    InFlightSpec,
+    SnapshotRecord,
+)
 
 log = logging.getLogger("trio_kubelet.sync")
 

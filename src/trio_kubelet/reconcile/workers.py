@@ -51,9 +51,9 @@ from trio_kubelet.reconcile.container_setup import (
     prepare_container,
 )
 from trio_kubelet.reconcile.hooks import run_hook
-from trio_kubelet.replay.codec import actions_to_json, observed_to_json, probe_results_to_json
-from trio_kubelet.replay.recorder import Recorder
-from trio_kubelet.replay.records import (
+from trio_kubelet.recording.codec import actions_to_json, observed_to_json, probe_results_to_json
+from trio_kubelet.recording.recorder import Recorder
+from trio_kubelet.recording.records import (
     ContainerStart,
     DecisionRecord,
     StatusRecord,

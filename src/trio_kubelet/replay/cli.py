@@ -15,8 +15,8 @@ from typing import TextIO
 import trio
 import trio.testing
 
+from trio_kubelet.recording.records import Record
 from trio_kubelet.replay.reader import NumberedRecord, RecordingError, RecordingReader
-from trio_kubelet.replay.records import Record
 from trio_kubelet.replay.replayer import (
     DecisionTrace,
     Divergence,

@@ -1,6 +1,6 @@
 """Reading a recording back: one record per line, with errors that name the line and the field.
 
-A recording is JSON Lines written by ``replay.recorder``. The first line is a
+A recording is JSON Lines written by ``recording.recorder``. The first line is a
 header whose ``format`` this reader must understand. A last line that is cut off
 (no newline and not JSON: the agent died mid-write) ends the recording with a
 warning; any other bad line is an error naming its line number, and for a record
@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from trio_kubelet.replay.records import (
+from trio_kubelet.recording.records import (
     FORMAT_VERSION,
     AdmissionRecord,
     AssessRecord,

@@ -67,9 +67,12 @@ from trio_kubelet.events import EVENT_ADAPTER, PodSetUpdate
 from trio_kubelet.images.gc import image_gc_policy
 from trio_kubelet.model.pod import Container, Pod
 from trio_kubelet.reconcile.podconfig import PodConfig
-from trio_kubelet.replay.codec import actions_to_json, observed_from_json, probe_results_from_json
-from trio_kubelet.replay.reader import NumberedRecord, RecordingError, field_path
-from trio_kubelet.replay.records import (
+from trio_kubelet.recording.codec import (
+    actions_to_json,
+    observed_from_json,
+    probe_results_from_json,
+)
+from trio_kubelet.recording.records import (
     AdmissionRecord,
     AssessRecord,
     ContainerGCRecord,
@@ -83,6 +86,7 @@ from trio_kubelet.replay.records import (
     SnapshotRecord,
     StorageEvictionRecord,
 )
+from trio_kubelet.replay.reader import NumberedRecord, RecordingError, field_path
 from trio_kubelet.resources.eviction import EvictionConfig
 
 # How far trio's clock may lag behind the record being replayed (see replay_in_virtual_time).

@@ -58,8 +58,8 @@ from trio_kubelet.core.stats import Sample
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.pod import Pod
-from trio_kubelet.replay.recorder import Recorder
-from trio_kubelet.replay.records import AssessRecord, EvictionRecord, StorageEvictionRecord
+from trio_kubelet.recording.recorder import Recorder
+from trio_kubelet.recording.records import AssessRecord, EvictionRecord, StorageEvictionRecord
 
 __all__ = ["EvictionConfig", "EvictionManager", "EvictionPods", "NodeReclaimer", "NodeReclaimers"]
 

@@ -21,7 +21,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message as ProtobufMessage
 from pydantic import BaseModel
 
-from trio_kubelet.replay.records import CRIRecord, Header, SnapshotRecord
+from trio_kubelet.recording.records import CRIRecord, Header, SnapshotRecord
 
 log = logging.getLogger("trio_kubelet.recorder")
 
