@@ -103,6 +103,26 @@ class OOMEvent(_Event):
     pid: int = 0
 
 
+class NodeConditions(_Event):
+    """The node conditions one manager reports now (``eviction``: the pressure conditions;
+    ``shutdown``: NodeShutdown). Admission refuses new pods by the union of the latest."""
+
+    kind: Literal["node_conditions"] = "node_conditions"
+    source: Literal["eviction", "shutdown"]
+    conditions: list[str]
+
+
+class EvictPod(_Event):
+    """Kill a pod with ``grace`` and mark it Failed with ``reason`` and ``message``: the
+    eviction manager's choice (Evicted) or a graceful node shutdown's (Terminated)."""
+
+    kind: Literal["evict"] = "evict"
+    pod_uid: str
+    message: str
+    grace: int
+    reason: str
+
+
 class ResyncTick(_Event):
     """Periodic resync of every pod (syncFrequency) and retry of pods whose sync failed."""
 
@@ -116,7 +136,9 @@ Event = Annotated[
     | ContainerEventStream
     | ResyncTick
     | OOMEvent
-    | ProbeResultEvent,
+    | ProbeResultEvent
+    | NodeConditions
+    | EvictPod,
     Field(discriminator="kind"),
 ]
 

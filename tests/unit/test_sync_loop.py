@@ -24,6 +24,8 @@ from trio_kubelet.core.actions import PodActions
 from trio_kubelet.core.observed import RuntimePodStatus
 from trio_kubelet.events import (
     Event,
+    EvictPod,
+    NodeConditions,
     PodLifecycleEvent,
     PodSetUpdate,
     RelistDone,
@@ -234,7 +236,7 @@ async def test_an_evicted_pod_is_stopped_and_ends_failed_evicted(
         assert {p.metadata.uid for p in node.loop.active_pods()} == {WEB, API}
         message = "The node was low on resource: memory. "
 
-        assert node.loop.evict(WEB, message, 1)
+        await node.send.send(EvictPod(pod_uid=WEB, message=message, grace=1, reason="Evicted"))
 
         evicted = await node.wait_for(
             WEB, lambda p: p.status.phase == "Failed" and not all_running(runtime.fake, WEB))
@@ -248,7 +250,9 @@ async def test_an_evicted_pod_is_stopped_and_ends_failed_evicted(
         assert node.store.get(WEB).status.reason == "Evicted"  # type: ignore[union-attr]
         assert node.store.is_stopped(WEB)
         assert [p.metadata.uid for p in node.loop.active_pods()] == [API]
-        assert not node.loop.evict(WEB, message, 1)  # once is enough
+        await node.send.send(EvictPod(pod_uid=WEB, message="again", grace=1, reason="Evicted"))
+        await trio.sleep(1)  # once is enough: the second eviction changes nothing
+        assert node.store.get(WEB).status.message == message  # type: ignore[union-attr]
         assert is_running(node.store.get(API))  # type: ignore[arg-type]
 
 
@@ -256,7 +260,7 @@ async def test_a_new_pod_is_refused_under_the_pressure_the_eviction_manager_repo
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     async with fake_runtime(tmp_path) as runtime, agent(runtime, ("api",)) as node:
-        node.loop.node_conditions = lambda: ("MemoryPressure",)
+        await node.send.send(NodeConditions(source="eviction", conditions=["MemoryPressure"]))
         await node.send.send(pod_set("api", make_pod("web", WEB)))
 
         refused = await node.wait_for(WEB, lambda p: p.status.phase == "Failed")
@@ -275,7 +279,7 @@ async def test_an_admission_under_pressure_replays_from_its_record(
     recorder = ListRecorder()
     async with fake_runtime(tmp_path) as runtime, \
             agent(runtime, ("api",), recorder=recorder) as node:
-        node.loop.node_conditions = lambda: ("DiskPressure",)
+        await node.send.send(NodeConditions(source="eviction", conditions=["DiskPressure"]))
         await node.send.send(pod_set("api", make_pod("web", WEB)))
         await node.wait_for(WEB, lambda p: p.status.phase == "Failed")
 
@@ -311,7 +315,7 @@ async def test_an_eviction_replays_from_its_record(
         await node.send.send(pod_set("api", web, api))
         await node.wait_for(API, is_running)
         evictions = EvictionManager(
-            EvictionConfig.from_config(config), node.loop, lambda: sample,
+            EvictionConfig.from_config(config), node.loop, lambda: sample, node.send.send,
             wall_clock=lambda: T0 + 1, stopped=node.store.is_stopped, recorder=recorder,
         )
         assert await evictions.synchronize() == (API,)
@@ -378,7 +382,7 @@ async def test_a_local_storage_eviction_replays_from_its_record(
         await node.send.send(pod_set("api", web, api))
         await node.wait_for(API, is_running)
         evictions = EvictionManager(
-            EvictionConfig(thresholds=()), node.loop, lambda: sample,
+            EvictionConfig(thresholds=()), node.loop, lambda: sample, node.send.send,
             wall_clock=lambda: T0 + 1, stopped=node.store.is_stopped, recorder=recorder,
         )
         assert await evictions.synchronize() == (API,)

@@ -78,7 +78,7 @@ ORPHAN_GRACE = 2
 REASON_FAILED_POST_START_HOOK = "FailedPostStartHook"
 
 
-@dataclass
+@dataclass(frozen=True)
 class WorkerContext:
     """What every pod worker shares: the runtime, the image manager, the status store, time."""
 
