@@ -298,7 +298,7 @@ async def test_an_eviction_replays_from_its_record(
 ) -> None:
     """The manager's choice over the loop's real pods is recorded; replay re-chooses it."""
     from tests.unit.test_eviction import MiB, make_sample, pod_sample
-    from trio_kubelet.recording.records import AssessRecord, EvictionRecord
+    from trio_kubelet.recording.records import AssessRecord, EvictionRecord, StatusRecord
     from trio_kubelet.resources.eviction import EvictionConfig, EvictionManager
 
     config = KubeletConfiguration.model_validate({"evictionHard": {"memory.available": "500Mi"}})
@@ -319,6 +319,7 @@ async def test_an_eviction_replays_from_its_record(
             wall_clock=lambda: T0 + 1, stopped=node.store.is_stopped, recorder=recorder,
         )
         assert await evictions.synchronize() == (API,)
+        await node.wait_for(API, lambda p: p.status.reason == "Evicted")
 
     header = Header(agent_version="test", node="n", start_time=T0, config=config.to_wire(),
                     sources=["api"])
@@ -328,6 +329,11 @@ async def test_an_eviction_replays_from_its_record(
     assert record.message is not None and "Container main was using 900Mi" in record.message
     result = replay([header, *recorder.records])
     assert result.ok and result.evictions == 1
+    # The evicted pod's Failed/Evicted status is recorded with its inputs and re-decided.
+    evicted = [r for r in recorder.records
+               if isinstance(r, StatusRecord) and r.decided == "evicted"]
+    assert evicted and evicted[-1].status["reason"] == "Evicted"
+    assert result.statuses >= len(evicted)
     # Other figures (the modest pod now the one beyond its request) choose another pod.
     usage = {**record.usage, WEB: {**record.usage[WEB], "memory": 2048 * MiB,
                                    "container_memory": {"main": 2048 * MiB}},
