@@ -501,7 +501,7 @@ def run_runtime_sources(nursery: trio.Nursery, deps: Deps, stats: NodeStats) -> 
     """The PLEG (the runtime's event stream unless the EventedPLEG gate is false: Go's gate
     is off by default; docs/architecture.md says why ours is on) and the resync ticks."""
     config = deps.config
-    pleg = partial(run_pleg, client=deps.client, metrics=deps.metrics,
+    pleg = partial(run_pleg, client=deps.client, metrics=(deps.metrics, deps.clock.now),
                    on_relist=stats.oom.update,
                    container_events=config.feature_gates.get("EventedPLEG", True))
     nursery.start_soon(supervise, "pleg", pleg, deps.send.clone())
