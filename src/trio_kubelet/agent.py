@@ -643,6 +643,55 @@ async def run_server(
     await nursery.start(partial(_serve, view, deps.metrics, api, serving))
 
 
+@dataclass(frozen=True)
+class Startup:
+    """What ``run_agent`` settles before the runtime answers: the node's figures, the
+    cluster side's connection and credentials, and the graceful node shutdown."""
+
+    capacity: dict[str, Amount]
+    pods_limits: dict[str, Amount]
+    eviction: EvictionConfig
+    api: APIClient | None
+    objects: ClusterObjects | None
+    credentials: trio.Event  # set once the API client's certificate is in use
+    serving: ServingCertificateManager | None
+    shutdown: NodeShutdownManager
+    node_shutdown: trio.Event | None  # set by SIGTERM when graceful shutdown is on
+
+
+async def run_node(
+    nursery: trio.Nursery, top: trio.Nursery, deps: Deps, start: Startup, runtime: str,
+    receive: trio.MemoryReceiveChannel[Event],
+) -> SyncLoop:
+    """Every subsystem of a node whose runtime answers, built once, in dependency order."""
+    qos = await _start_qos_cgroups(nursery, deps.options, deps.store, start.pods_limits)
+    images = await run_images(nursery, deps)
+    probes = await run_probes(nursery, deps)
+    ctx = worker_context(deps, runtime, images, probes, qos, start.objects, start.capacity)
+    loop = await run_sync_loop(nursery, deps, ctx, probes, receive)
+    if deps.recorder is not None:
+        await top.start(deps.recorder.run, loop.snapshot)
+    if start.node_shutdown is not None:
+        nursery.start_soon(_shut_down_node, start.node_shutdown, start.shutdown, deps, loop,
+                           top.cancel_scope)
+    container_gc = await run_container_gc(nursery, deps, loop, qos)
+    stats = await run_node_stats(nursery, deps)
+    eviction = await run_eviction(nursery, deps, start.eviction, loop, stats,
+                                  NodeReclaimers(container_gc, images.gc))
+    await run_pod_sources(nursery, deps)
+    if start.api is not None and start.objects is not None:
+        # Static pods do not wait for a TLS bootstrap (the node's own API server may be one
+        # of them): the cluster side starts once it is done.
+        cluster = partial(run_cluster, nursery, deps, start.api, start.objects, loop,
+                          start.shutdown, eviction)
+        await _run_once_ready(nursery, start.credentials, cluster)
+    run_runtime_sources(nursery, deps, stats)
+    await run_server(nursery, deps, loop, stats, start.api, start.serving)
+    if deps.options.show_pods:
+        nursery.start_soon(print_pod_changes, deps.store, sys.stdout, deps.clock)
+    return loop
+
+
 async def run_agent(
     options: AgentOptions,
     *,
@@ -667,7 +716,6 @@ async def run_agent(
     recorder = _recorder(options, clock)
     api, certificates = open_api_client(options, metrics, clock)
     events = EventRecorder(options.node_name, api, clock=clock.now)
-    objects = ClusterObjects.of(api, clock) if api is not None else None
     credentials = certificates.ready if certificates is not None else _set(trio.Event())
     send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
     async with trio.open_nursery() as top:
@@ -677,6 +725,9 @@ async def run_agent(
         serving = _start_certificates(top, options, api, certificates, credentials, clock)
         # Events wait in the recorder's queue until the API server knows who we are.
         top.start_soon(_once_ready, credentials, events.run)
+        start = Startup(capacity, pods_limits, eviction_config, api,
+                        ClusterObjects.of(api, clock) if api is not None else None,
+                        credentials, serving, shutdown, node_shutdown)
         observer = _observers(cri_observer, metrics.cri_observer,
                               recorder.cri_observer if recorder else None)
         endpoint = config.container_runtime_endpoint
@@ -688,32 +739,7 @@ async def run_agent(
             deps = Deps(options, clock, metrics, events, store or PodStatusStore(), recorder,
                         client, send)
             async with trio.open_nursery() as nursery:
-                qos = await _start_qos_cgroups(nursery, options, deps.store, pods_limits)
-                images = await run_images(nursery, deps)
-                probes = await run_probes(nursery, deps)
-                ctx = worker_context(deps, runtime, images, probes, qos, objects, capacity)
-                loop = await run_sync_loop(nursery, deps, ctx, probes, receive)
-                if recorder is not None:
-                    await top.start(recorder.run, loop.snapshot)
-                if node_shutdown is not None:
-                    nursery.start_soon(_shut_down_node, node_shutdown, shutdown, deps, loop,
-                                       top.cancel_scope)
-                container_gc = await run_container_gc(nursery, deps, loop, qos)
-                stats = await run_node_stats(nursery, deps)
-                eviction = await run_eviction(nursery, deps, eviction_config, loop, stats,
-                                              NodeReclaimers(container_gc, images.gc))
-                await run_pod_sources(nursery, deps)
-                if api is not None and objects is not None:
-                    # Static pods do not wait for a TLS bootstrap (the node's own API server
-                    # may be one of them): the cluster side starts once it is done.
-                    cluster = partial(run_cluster, nursery, deps, api, objects, loop, shutdown,
-                                      eviction)
-                    await _run_once_ready(nursery, credentials, cluster)
-                run_runtime_sources(nursery, deps, stats)
-                await run_server(nursery, deps, loop, stats, api, serving)
-                if options.show_pods:
-                    nursery.start_soon(print_pod_changes, deps.store, sys.stdout, clock)
-                task_status.started(loop)
+                task_status.started(await run_node(nursery, top, deps, start, runtime, receive))
         top.cancel_scope.cancel()
     if api is not None:
         await api.aclose()
