@@ -278,13 +278,27 @@ async def _stop_on_signal(
 
 async def _shut_down_node(
     requested: trio.Event, shutdown: NodeShutdownManager, deps: Deps, loop: SyncLoop,
-    cancel_scope: trio.CancelScope,
+    cancel_scope: trio.CancelScope, *, cluster: bool,
 ) -> None:
-    """Once SIGTERM asked for it: stop the pods as the node shutdown says, then the agent."""
+    """Once SIGTERM asked for it: stop the pods as the node shutdown says (and let the
+    ``cluster`` side report), then the agent."""
     await requested.wait()
     async with deps.send.clone() as send:
-        await shutdown.shut_down(loop, deps.store.is_stopped, send.send)
+        await shutdown.shut_down(loop, deps.store.is_stopped, send.send, await_reports=cluster)
     cancel_scope.cancel()
+
+
+async def _report_shutdown(
+    shutdown: NodeShutdownManager, node: NodeManager, statuses: StatusManager
+) -> None:
+    """The cluster side of a node shutdown: the node status at once, and once the pods have
+    stopped their final statuses and the node's."""
+    await shutdown.started.wait()
+    node.sync_soon()
+    await shutdown.pods_stopped.wait()
+    await statuses.sync_all()
+    await node.sync_status()
+    shutdown.reported.set()
 
 
 def pod_sources(options: AgentOptions) -> list[str]:
@@ -527,7 +541,6 @@ async def run_cluster(
     health = replace(health, shutdown_error=shutdown.shutdown_error, images=lambda: images.latest)
     node = NodeManager(api, options, health, deps.clock, events=deps.events)
     await nursery.start(node.run)
-    shutdown.on_shutdown.append(node.sync_soon)
     for cache in (objects.config_maps, objects.secrets, objects.services):
         await nursery.start(cache.run)
     pods = APIPods(caches=(objects.config_maps, objects.secrets))
@@ -539,7 +552,7 @@ async def run_cluster(
     statuses = StatusManager(api, deps.store, pods, mirror_of=mirrors.mirror_of,
                              wall_time=lambda: format_time(deps.clock.now()))
     nursery.start_soon(statuses.run)
-    shutdown.reports += [statuses.sync_all, node.sync_status]
+    nursery.start_soon(_report_shutdown, shutdown, node, statuses)
 
 
 def _static_pods(options: AgentOptions, loop: SyncLoop) -> dict[str, Pod] | None:
@@ -672,8 +685,8 @@ async def run_node(
     if deps.recorder is not None:
         await top.start(deps.recorder.run, loop.snapshot)
     if start.node_shutdown is not None:
-        nursery.start_soon(_shut_down_node, start.node_shutdown, start.shutdown, deps, loop,
-                           top.cancel_scope)
+        nursery.start_soon(partial(_shut_down_node, start.node_shutdown, start.shutdown, deps,
+                                   loop, top.cancel_scope, cluster=start.api is not None))
     container_gc = await run_container_gc(nursery, deps, loop, qos)
     stats = await run_node_stats(nursery, deps)
     eviction = await run_eviction(nursery, deps, start.eviction, loop, stats,

@@ -152,15 +152,19 @@ async def test_rounds_stop_regular_pods_then_critical_ones(
     )
     reported: list[float] = []
     notified: list[bool] = []
-    manager.on_shutdown.append(lambda: notified.append(manager.shutting_down))
 
-    async def report() -> None:
+    async def cluster_side() -> None:
+        await manager.started.wait()
+        notified.append(manager.shutting_down)
+        await manager.pods_stopped.wait()
         reported.append(trio.current_time())
+        manager.reported.set()
 
-    manager.reports.append(report)
     assert manager.shutdown_error() is None
     start = trio.current_time()
-    await manager.shut_down(node, node.stopped, node.send)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cluster_side)
+        await manager.shut_down(node, node.stopped, node.send, await_reports=True)
     kills = {uid: (grace, reason, when - start) for uid, grace, reason, when in node.kills}
     assert kills["web"] == (5, "Terminated", 0) and kills["stuck"] == (20, "Terminated", 0)
     # "stuck" never stops: the critical round starts when the regular one's 20 s are up.

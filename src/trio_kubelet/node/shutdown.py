@@ -68,10 +68,12 @@ class NodeShutdownManager:
         self.node_name = node_name
         self.events = events
         self.shutting_down = False
-        # Told when the node starts shutting down (the node manager sends its status at once),
-        # and awaited once the pods have stopped (pod statuses and the node status sent).
-        self.on_shutdown: list[Callable[[], None]] = []
-        self.reports: list[Callable[[], Awaitable[None]]] = []
+        # Set when the node starts shutting down (the cluster side sends the node status at
+        # once) and when its pods have stopped (the cluster side sends the pod statuses and
+        # the node status, then sets ``reported``).
+        self.started = trio.Event()
+        self.pods_stopped = trio.Event()
+        self.reported = trio.Event()
 
     @property
     def enabled(self) -> bool:
@@ -86,10 +88,13 @@ class NodeShutdownManager:
         pods: ShutdownPods,
         stopped: Callable[[str], bool],
         send: Callable[[Event], Awaitable[None]],
+        *,
+        await_reports: bool,
     ) -> None:
         """Stop every active pod, round by round (lowest priority first): each pod with the
         round's grace (or its own, if shorter), the next round once all of this one have
-        stopped or the round's grace has run out. ``send`` takes the sync loop's events."""
+        stopped or the round's grace has run out. ``send`` takes the sync loop's events;
+        with ``await_reports`` (a cluster side), wait a while for its final reports."""
         self.shutting_down = True
         await send(NodeConditions(source="shutdown", conditions=[NODE_SHUTDOWN]))
         log.info("Node shutdown: stopping pods within %ds (%s)", total_grace(self.rounds),
@@ -98,8 +103,7 @@ class NodeShutdownManager:
             self.events.node_event(
                 self.node_name, "Normal", NODE_SHUTDOWN, "Shutdown manager detected shutdown event"
             )
-        for notify in self.on_shutdown:
-            notify()
+        self.started.set()
         for round_, members in assign_rounds(self.rounds, pods.active_pods()):
             if not members:
                 continue
@@ -119,7 +123,8 @@ class NodeShutdownManager:
             else:
                 log.info("Node shutdown: the %d pod(s) of priority >= %d have stopped",
                          len(uids), round_.priority)
-        with trio.move_on_after(REPORT_TIMEOUT):
-            for report in self.reports:
-                await report()
+        self.pods_stopped.set()
+        if await_reports:
+            with trio.move_on_after(REPORT_TIMEOUT):
+                await self.reported.wait()
         log.info("Node shutdown: done")
