@@ -142,7 +142,7 @@ def replay_main(args: argparse.Namespace) -> int:
         print(
             f"replay OK: {result.decisions} decisions, {result.admissions} admissions, "
             f"{result.evictions} evictions, {result.gc_passes} GC passes, "
-            f"{result.gates} gates re-checked, no divergence",
+            f"{result.gates} gates, {result.statuses} pod statuses re-checked, no divergence",
             file=out,
         )
     return EXIT_OK
