@@ -90,9 +90,6 @@ from trio_kubelet.watch import print_pod_changes
 
 log = logging.getLogger("trio_kubelet.agent")
 
-#: How the agent reaches its runtime: ``open_cri_client``, or a fake's opener.
-RuntimeOpener = Callable[..., AbstractAsyncContextManager[CRIClient]]
-
 # The sources' channel is bounded like the Go PLEG's; a full channel applies
 # backpressure to the sources instead of dropping events.
 EVENT_CHANNEL_SIZE = 1000
@@ -347,8 +344,9 @@ async def _once_ready(ready: trio.Event, start: Callable[[], Awaitable[None]]) -
 @dataclass(frozen=True)
 class Deps:
     """What every subsystem is built from: the settings, time, the agent's shared outputs
-    (metrics, Kubernetes events, pod statuses, the recording), the runtime, and the sync
-    loop's channel (builders clone it; every input of the loop arrives on it)."""
+    (metrics, Kubernetes events, pod statuses, the recording), the runtime, the sync loop's
+    channel (builders clone it; every input of the loop arrives on it), and what the agent
+    may take from its host (a hollow node leaves the host's resources alone)."""
 
     options: AgentOptions
     clock: TrioWallClock
@@ -358,6 +356,7 @@ class Deps:
     recorder: Recorder | None
     client: CRIClient
     send: trio.MemorySendChannel[Event]
+    host: AgentHost
 
     @property
     def config(self) -> KubeletConfiguration:
@@ -408,7 +407,8 @@ async def run_images(nursery: trio.Nursery, deps: Deps) -> Images:
                            registry_qps=config.registry_pull_qps,
                            registry_burst=config.registry_burst,
                            metrics=deps.metrics, on_image_used=gc.note_used)
-    await nursery.start(gc.run)
+    if deps.host.host_resources:
+        await nursery.start(gc.run)
     return Images(gc, manager)
 
 
@@ -432,7 +432,8 @@ def worker_context(
         node_ip=(options.node_ip or "").split(",")[0], runtime_name=runtime.split()[0],
         recorder=deps.recorder, events=deps.events, probe_results=ProbeResults(),
         objects=objects.pods if objects else None, qos=qos,
-        volumes=VolumeManager(options.root_dir / "pods", events=deps.events),
+        volumes=(VolumeManager(options.root_dir / "pods", events=deps.events)
+                 if deps.host.host_resources else None),
         tokens=objects.tokens if objects else None,
         node=_node_facts(options, deps.events, capacity), on_status=probes.status_changed,
     )
@@ -473,9 +474,10 @@ async def run_node_stats(nursery: trio.Nursery, deps: Deps) -> NodeStats:
                      if config.cgroups_per_qos else None),
     )
     oom = OOMWatcher(on_counts=sampler.set_oom_counts, wall_clock=deps.clock.now)
-    await nursery.start(oom.run, deps.send.clone())
-    await nursery.start(volumes.run)
-    nursery.start_soon(partial(sampler.run, deps.client, interval=HOUSEKEEPING_INTERVAL))
+    if deps.host.host_resources:
+        await nursery.start(oom.run, deps.send.clone())
+        await nursery.start(volumes.run)
+        nursery.start_soon(partial(sampler.run, deps.client, interval=HOUSEKEEPING_INTERVAL))
     return NodeStats(volumes, sampler, oom)
 
 
@@ -489,7 +491,8 @@ async def run_eviction(
         wall_clock=deps.clock.now, stopped=deps.store.is_stopped, events=deps.events,
         metrics=deps.metrics, reclaimer=reclaimer, recorder=deps.recorder,
     )
-    await nursery.start(eviction.run)
+    if deps.host.host_resources:
+        await nursery.start(eviction.run)
     return eviction
 
 
@@ -516,7 +519,7 @@ def run_runtime_sources(nursery: trio.Nursery, deps: Deps, stats: NodeStats) -> 
     is off by default; docs/architecture.md says why ours is on) and the resync ticks."""
     config = deps.config
     pleg = partial(run_pleg, client=deps.client, metrics=(deps.metrics, deps.clock.now),
-                   on_relist=stats.oom.update,
+                   on_relist=stats.oom.update if deps.host.host_resources else None,
                    container_events=config.feature_gates.get("EventedPLEG", True))
     nursery.start_soon(supervise, "pleg", pleg, deps.send.clone())
     nursery.start_soon(_resync, deps.send.clone(), config.sync_frequency)
@@ -525,9 +528,10 @@ def run_runtime_sources(nursery: trio.Nursery, deps: Deps, stats: NodeStats) -> 
 async def run_cluster(
     nursery: trio.Nursery, deps: Deps, api: APIClient, objects: ClusterObjects,
     loop: SyncLoop, shutdown: NodeShutdownManager, pressure: NodePressure,
+    machine: MachineFacts,
 ) -> None:
     """The API-server side: the Node and its Lease, pod source, referenced objects and
-    Services, pod statuses, mirror pods."""
+    Services, pod statuses, mirror pods. ``machine`` is what the Node reports of its host."""
     options = deps.options
     probe = RuntimeProbe(deps.client)
     await probe.probe()  # the first answer, before the first node status
@@ -539,7 +543,7 @@ async def run_cluster(
     images = NodeImages(deps.client)  # status.images
     await nursery.start(images.run)
     health = replace(health, shutdown_error=shutdown.shutdown_error, images=lambda: images.latest)
-    node = NodeManager(api, options, health, deps.clock, events=deps.events)
+    node = NodeManager(api, options, health, deps.clock, machine=machine, events=deps.events)
     await nursery.start(node.run)
     for cache in (objects.config_maps, objects.secrets, objects.services):
         await nursery.start(cache.run)
@@ -661,6 +665,7 @@ class Startup:
     """What ``run_agent`` settles before the runtime answers: the node's figures, the
     cluster side's connection and credentials, and the graceful node shutdown."""
 
+    machine: MachineFacts
     capacity: dict[str, Amount]
     pods_limits: dict[str, Amount]
     eviction: EvictionConfig
@@ -677,7 +682,8 @@ async def run_node(
     receive: trio.MemoryReceiveChannel[Event],
 ) -> SyncLoop:
     """Every subsystem of a node whose runtime answers, built once, in dependency order."""
-    qos = await _start_qos_cgroups(nursery, deps.options, deps.store, start.pods_limits)
+    qos = (await _start_qos_cgroups(nursery, deps.options, deps.store, start.pods_limits)
+           if deps.host.host_resources else None)
     images = await run_images(nursery, deps)
     probes = await run_probes(nursery, deps)
     ctx = worker_context(deps, runtime, images, probes, qos, start.objects, start.capacity)
@@ -696,10 +702,11 @@ async def run_node(
         # Static pods do not wait for a TLS bootstrap (the node's own API server may be one
         # of them): the cluster side starts once it is done.
         cluster = partial(run_cluster, nursery, deps, start.api, start.objects, loop,
-                          start.shutdown, eviction)
+                          start.shutdown, eviction, start.machine)
         await _run_once_ready(nursery, start.credentials, cluster)
     run_runtime_sources(nursery, deps, stats)
-    await run_server(nursery, deps, loop, stats, start.api, start.serving)
+    if deps.host.serve:
+        await run_server(nursery, deps, loop, stats, start.api, start.serving)
     if deps.options.show_pods:
         nursery.start_soon(print_pod_changes, deps.store, sys.stdout, deps.clock)
     return loop
@@ -710,47 +717,50 @@ async def run_agent(
     *,
     store: PodStatusStore | None = None,
     cri_observer: Observer | None = None,
-    open_runtime: RuntimeOpener | None = None,
+    host: AgentHost = REAL_HOST,
     task_status: trio.TaskStatus[SyncLoop] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the node agent until SIGINT/SIGTERM (or cancellation). Pods outlive the agent.
 
     ``store`` and ``cri_observer`` let tests and benchmarks watch the agent from inside the
-    same process; ``open_runtime`` replaces ``open_cri_client`` (a fake runtime).
+    same process; ``host`` says what it may take from the machine (hollow nodes: a fake
+    runtime, given machine facts, the host's resources left alone).
     """
     config = options.config
     log.info("trio-kubelet %s starting on node %s", __version__, options.node_name)
     # Read once at start-up, on the event loop (a few small files; a thread would stall
     # MockClock recordings).
-    capacity = machine_capacity(read_machine_facts(options.root_dir), config.max_pods)
+    machine = host.machine if host.machine is not None else read_machine_facts(options.root_dir)
+    capacity = machine_capacity(machine, config.max_pods)
     pods_limits = kubepods_limits(options, capacity)
     eviction_config = _eviction_config(config, pods_limits)  # before anything starts
     clock, metrics = TrioWallClock(), AgentMetrics(options.node_name)
     recorder = _recorder(options, clock)
-    api, certificates = open_api_client(options, metrics, clock)
+    api, certificates = (host.open_api or open_api_client)(options, metrics, clock)
     events = EventRecorder(options.node_name, api, clock=clock.now)
     credentials = certificates.ready if certificates is not None else _set(trio.Event())
     send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
     async with trio.open_nursery() as top:
         shutdown = NodeShutdownManager(config, options.node_name, events=events)
         node_shutdown = trio.Event() if shutdown.enabled else None
-        top.start_soon(_stop_on_signal, top.cancel_scope, node_shutdown)
+        if host.signals:
+            top.start_soon(_stop_on_signal, top.cancel_scope, node_shutdown)
         serving = _start_certificates(top, options, api, certificates, credentials, clock)
         # Events wait in the recorder's queue until the API server knows who we are.
         top.start_soon(_once_ready, credentials, events.run)
-        start = Startup(capacity, pods_limits, eviction_config, api,
+        start = Startup(machine, capacity, pods_limits, eviction_config, api,
                         ClusterObjects.of(api, clock) if api is not None else None,
                         credentials, serving, shutdown, node_shutdown)
         observer = _observers(cri_observer, metrics.cri_observer,
                               recorder.cri_observer if recorder else None)
         endpoint = config.container_runtime_endpoint
-        async with (open_runtime or open_cri_client)(
+        async with (host.open_runtime or open_cri_client)(
             endpoint, timeout=config.runtime_request_timeout, observer=observer
         ) as client:
             runtime = await wait_for_runtime(client, endpoint)
             log.info("Connected to container runtime %s at %s", runtime, endpoint)
             deps = Deps(options, clock, metrics, events, store or PodStatusStore(), recorder,
-                        client, send)
+                        client, send, host)
             async with trio.open_nursery() as nursery:
                 task_status.started(await run_node(nursery, top, deps, start, runtime, receive))
         top.cancel_scope.cancel()
