@@ -54,6 +54,7 @@ from trio_kubelet.core.stats import (
     Sample,
     VolumeUsage,
 )
+from trio_kubelet.events import Event, EvictPod
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.pod import Pod
@@ -135,9 +136,9 @@ class StandIn:
     def active_pods(self) -> list[Pod]:
         return list(self.pods)
 
-    def evict(self, uid: str, message: str, grace: int) -> bool:
-        self.evictions += 1
-        return True
+    async def send(self, event: Event) -> None:
+        """The sync loop's channel: evictions are counted."""
+        self.evictions += isinstance(event, EvictPod)
 
 
 def build(pods: list[Pod], latest: Callable[[], Sample | None],
@@ -147,7 +148,7 @@ def build(pods: list[Pod], latest: Callable[[], Sample | None],
     config = EvictionConfig.from_config(KubeletConfiguration(), pods_memory_limit=CAPACITY)
     stand_in = StandIn(pods)
     manager = EvictionManager(
-        config, stand_in, latest, wall_clock=now, stopped=lambda uid: True,
+        config, stand_in, latest, stand_in.send, wall_clock=now, stopped=lambda uid: True,
         events=EventRecorder("bench"), metrics=AgentMetrics("bench"),
     )
     return manager, stand_in

@@ -177,8 +177,14 @@ def stretch(source: Path, target: Path, count: int) -> dict[str, int]:
                 shifted["t"] += generation * span
                 if shifted["kind"] == "event":
                     shifted["seq"] += generation * seqs
-                elif shifted["kind"] == "decision":
+                elif shifted["kind"] in ("decision", "status", "admission") and (
+                    shifted.get("spec_seq", -1) >= 0
+                ):
                     shifted["spec_seq"] += generation * seqs
+                if shifted["kind"] == "admission":
+                    shifted["admitted"] = {
+                        uid: seq + generation * seqs for uid, seq in shifted["admitted"].items()
+                    }
                 out.write(json.dumps(shifted, separators=(",", ":")) + "\n")
                 kinds[shifted["kind"]] = kinds.get(shifted["kind"], 0) + 1
                 written += 1

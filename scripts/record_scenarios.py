@@ -1018,6 +1018,49 @@ def malformed_manifest(run: Run) -> None:
     run.sleep(3)
 
 
+def check_liveness_kill(rec: Recording, run: Run) -> None:
+    probed = [d for d in rec.decisions("alive") if "failure" in d["liveness"].values()]
+    expect(bool(probed), "no decision saw a failed liveness probe")
+    killed = [
+        d for d in probed
+        if any(k["name"] == "app" and k["reason"] == "LivenessProbe"
+               for k in d["actions"]["containers_to_kill"].values())
+    ]
+    expect(bool(killed), "app was not killed for its liveness probe")
+    # The sync that kills the container starts it again, through the crash-loop gate.
+    expect(any(s["container"] == "app" and s["allowed"] for s in killed[0]["starts"]),
+           f"the killed container was not started again: {killed[0]['starts']}")
+    expect(restarts(rec.status["alive"], "app") >= 1, describe(rec.status["alive"]))
+
+
+@scenario("a container whose liveness probe starts failing: killed (LivenessProbe), restarted")
+def liveness_kill(run: Run) -> None:
+    run.start_agent()
+    run.write(
+        "alive.yaml",
+        f"""
+        apiVersion: v1
+        kind: Pod
+        metadata:
+          name: alive
+        spec:
+          terminationGracePeriodSeconds: 2
+          containers:
+            - name: app
+              image: busybox:1.36
+              command: ["sh", "-c", "touch /tmp/healthy; sleep 5; rm /tmp/healthy; {LOOP}"]
+              livenessProbe:
+                exec:
+                  command: ["cat", "/tmp/healthy"]
+                periodSeconds: 1
+                failureThreshold: 2
+        """,
+    )
+    run.wait_pod("alive", "restarted after its liveness probe failed",
+                 lambda s: restarts(s, "app") >= 1, timeout=60)
+    run.sleep(1)
+
+
 BY_NAME = {s.name: s for s in SCENARIO_LIST}
 
 

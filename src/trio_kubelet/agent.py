@@ -25,7 +25,7 @@ from trio_kubelet.certificate.client import ClientCertificateManager, client_cre
 from trio_kubelet.certificate.rotation import wall_time
 from trio_kubelet.certificate.serving import ServingCertificateManager, node_addresses
 from trio_kubelet.clock import TrioWallClock
-from trio_kubelet.config import AgentOptions
+from trio_kubelet.config import AgentOptions, KubeletConfiguration
 from trio_kubelet.core.pod_cgroups import KUBEPODS, cgroup_path, kubepods_config
 from trio_kubelet.core.pod_dns import (
     CHECK_LIMITS_FOR_RESOLV_CONF,
@@ -54,12 +54,13 @@ from trio_kubelet.node.registration import (
 from trio_kubelet.node.shutdown import NodeShutdownManager
 from trio_kubelet.probes.manager import ProbeManager
 from trio_kubelet.probes.prober import Prober
+from trio_kubelet.probes.results import ProbeResults
 from trio_kubelet.reconcile.container_gc import CONTAINER_GC_PERIOD, ContainerGC
 from trio_kubelet.reconcile.container_setup import NodeFacts
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import WorkerContext
-from trio_kubelet.replay.recorder import Recorder
-from trio_kubelet.replay.records import Header
+from trio_kubelet.recording.recorder import Recorder
+from trio_kubelet.recording.records import Header
 from trio_kubelet.resources.cgroups import CgroupError, QOSCgroups
 from trio_kubelet.resources.eviction import EvictionConfig, EvictionManager, NodeReclaimers
 from trio_kubelet.runtime.client import CRIClient, Observer, open_cri_client
@@ -273,16 +274,28 @@ async def _stop_on_signal(
 
 
 async def _shut_down_node(
-    requested: trio.Event,
-    shutdown: NodeShutdownManager,
-    loop: SyncLoop,
-    store: PodStatusStore,
-    cancel_scope: trio.CancelScope,
+    requested: trio.Event, shutdown: NodeShutdownManager, deps: Deps, loop: SyncLoop,
+    cancel_scope: trio.CancelScope, *, cluster: bool,
 ) -> None:
-    """Once SIGTERM asked for it: stop the pods as the node shutdown says, then the agent."""
+    """Once SIGTERM asked for it: stop the pods as the node shutdown says (and let the
+    ``cluster`` side report), then the agent."""
     await requested.wait()
-    await shutdown.shut_down(loop, store.is_stopped)
+    async with deps.send.clone() as send:
+        await shutdown.shut_down(loop, deps.store.is_stopped, send.send, await_reports=cluster)
     cancel_scope.cancel()
+
+
+async def _report_shutdown(
+    shutdown: NodeShutdownManager, node: NodeManager, statuses: StatusManager
+) -> None:
+    """The cluster side of a node shutdown: the node status at once, and once the pods have
+    stopped their final statuses and the node's."""
+    await shutdown.started.wait()
+    node.sync_soon()
+    await shutdown.pods_stopped.wait()
+    await statuses.sync_all()
+    await node.sync_status()
+    shutdown.reported.set()
 
 
 def pod_sources(options: AgentOptions) -> list[str]:
@@ -328,73 +341,238 @@ async def _once_ready(ready: trio.Event, start: Callable[[], Awaitable[None]]) -
     await start()
 
 
-async def _run_cluster_tasks(
-    nursery: trio.Nursery,
-    send: trio.MemorySendChannel[Event],
-    api: APIClient,
-    cri: CRIClient,
-    events: EventRecorder,
-    options: AgentOptions,
-    loop: SyncLoop,
-    ctx: WorkerContext,
-    clock: TrioWallClock,
-    shutdown: NodeShutdownManager,
-    pressure: NodePressure | None = None,
-    machine: MachineFacts | None = None,
+@dataclass(frozen=True)
+class Deps:
+    """What every subsystem is built from: the settings, time, the agent's shared outputs
+    (metrics, Kubernetes events, pod statuses, the recording), the runtime, the sync loop's
+    channel (builders clone it; every input of the loop arrives on it), and what the agent
+    may take from its host (a hollow node leaves the host's resources alone)."""
+
+    options: AgentOptions
+    clock: TrioWallClock
+    metrics: AgentMetrics
+    events: EventRecorder
+    store: PodStatusStore
+    recorder: Recorder | None
+    client: CRIClient
+    send: trio.MemorySendChannel[Event]
+    host: AgentHost
+
+    @property
+    def config(self) -> KubeletConfiguration:
+        return self.options.config
+
+
+@dataclass(frozen=True)
+class ClusterObjects:
+    """The API objects pods refer to (ConfigMaps, Secrets, Services) and their tokens; built
+    with the API client, listed once the cluster side runs."""
+
+    config_maps: ObjectCache
+    secrets: ObjectCache
+    services: ServiceCache
+    pods: PodObjects
+    tokens: TokenSource
+
+    @classmethod
+    def of(cls, api: APIClient, clock: TrioWallClock) -> ClusterObjects:
+        config_maps, secrets = ObjectCache(api, "configmaps"), ObjectCache(api, "secrets")
+        services = ServiceCache(api)  # every Service, for containers' link variables
+        pods = PodObjects(config_maps, secrets, services)
+        return cls(config_maps, secrets, services, pods, TokenSource(api, clock.now))
+
+
+@dataclass(frozen=True)
+class Images:
+    gc: ImageGC
+    manager: ImageManager
+
+
+@dataclass(frozen=True)
+class NodeStats:
+    volumes: VolumeStats
+    sampler: Sampler
+    oom: OOMWatcher
+
+
+async def run_images(nursery: trio.Nursery, deps: Deps) -> Images:
+    """One image manager for every pod worker (the node-wide pull limit); image GC learns
+    from it which images containers are about to use."""
+    config = deps.config
+    gc = ImageGC(deps.client, image_gc_policy(config), node_name=deps.options.node_name,
+                 events=deps.events, metrics=deps.metrics, recorder=deps.recorder)
+    manager = ImageManager(deps.client, deps.events, serialize_pulls=config.serialize_image_pulls,
+                           max_parallel_pulls=config.max_parallel_image_pulls,
+                           pull_timeout=config.runtime_request_timeout or None,
+                           registry_qps=config.registry_pull_qps,
+                           registry_burst=config.registry_burst,
+                           metrics=deps.metrics, on_image_used=gc.note_used)
+    if deps.host.host_resources:
+        await nursery.start(gc.run)
+    return Images(gc, manager)
+
+
+async def run_probes(nursery: trio.Nursery, deps: Deps) -> ProbeManager:
+    """Probe workers; their results reach the sync loop as ProbeResultEvents."""
+    probes = ProbeManager(Prober(deps.client), deps.store, deps.send.clone(),
+                          wall_clock=deps.clock.now, events=deps.events, metrics=deps.metrics)
+    await nursery.start(probes.run)
+    return probes
+
+
+def worker_context(
+    deps: Deps, runtime: str, images: Images, probes: ProbeManager, qos: QOSCgroups | None,
+    objects: ClusterObjects | None, capacity: dict[str, Amount],
+) -> WorkerContext:
+    """What every pod worker shares, every field set here."""
+    options = deps.options
+    return WorkerContext(
+        client=deps.client, images=images.manager, store=deps.store, clock=deps.clock,
+        pod_logs_dir=Path(deps.config.pod_logs_dir),
+        node_ip=(options.node_ip or "").split(",")[0], runtime_name=runtime.split()[0],
+        recorder=deps.recorder, events=deps.events, probe_results=ProbeResults(),
+        objects=objects.pods if objects else None, qos=qos,
+        volumes=(VolumeManager(options.root_dir / "pods", events=deps.events)
+                 if deps.host.host_resources else None),
+        tokens=objects.tokens if objects else None,
+        node=_node_facts(options, deps.events, capacity), on_status=probes.status_changed,
+    )
+
+
+async def run_sync_loop(
+    nursery: trio.Nursery, deps: Deps, ctx: WorkerContext, probes: ProbeManager,
+    receive: trio.MemoryReceiveChannel[Event],
+) -> SyncLoop:
+    config = deps.config
+    loop = SyncLoop(ctx, pod_sources(deps.options), sync_frequency=config.sync_frequency,
+                    probes=probes, allowed_unsafe_sysctls=config.allowed_unsafe_sysctls)
+    await nursery.start(loop.run, receive)
+    return loop
+
+
+async def run_container_gc(
+    nursery: trio.Nursery, deps: Deps, loop: SyncLoop, qos: QOSCgroups | None
+) -> ContainerGC:
+    """Dead containers, empty sandboxes, log directories and cgroups of gone pods."""
+    gc = ContainerGC(deps.client, deps.options.container_gc, existing_pods=loop.existing_pods,
+                     sources_ready=lambda: loop.config.sources_ready,
+                     pod_logs_dir=Path(deps.config.pod_logs_dir), clock=deps.clock.now,
+                     period=CONTAINER_GC_PERIOD, qos=qos, recorder=deps.recorder)
+    await nursery.start(gc.run)
+    return gc
+
+
+async def run_node_stats(nursery: trio.Nursery, deps: Deps) -> NodeStats:
+    """The sampler (cgroups, /proc, statvfs), pod volume figures and the OOM watcher."""
+    options, config = deps.options, deps.config
+    volumes = VolumeStats(options.root_dir / "pods", period=config.volume_stats_agg_period)
+    sampler = Sampler(
+        root_fs=options.root_dir if options.root_dir.exists() else Path("/"),
+        pod_logs_dir=Path(config.pod_logs_dir), wall_clock=deps.clock.now,
+        volumes=volumes.latest,
+        pods_cgroup=(cgroup_path((KUBEPODS,), config.cgroup_root)
+                     if config.cgroups_per_qos else None),
+    )
+    oom = OOMWatcher(on_counts=sampler.set_oom_counts, wall_clock=deps.clock.now)
+    if deps.host.host_resources:
+        await nursery.start(oom.run, deps.send.clone())
+        await nursery.start(volumes.run)
+        nursery.start_soon(partial(sampler.run, deps.client, interval=HOUSEKEEPING_INTERVAL))
+    return NodeStats(volumes, sampler, oom)
+
+
+async def run_eviction(
+    nursery: trio.Nursery, deps: Deps, config: EvictionConfig, loop: SyncLoop,
+    stats: NodeStats, reclaimer: NodeReclaimers,
+) -> EvictionManager:
+    """The eviction manager: its conditions and evictions go to the sync loop as events."""
+    eviction = EvictionManager(
+        config, loop, lambda: stats.sampler.latest, deps.send.clone().send,
+        wall_clock=deps.clock.now, stopped=deps.store.is_stopped, events=deps.events,
+        metrics=deps.metrics, reclaimer=reclaimer, recorder=deps.recorder,
+    )
+    if deps.host.host_resources:
+        await nursery.start(eviction.run)
+    return eviction
+
+
+async def run_pod_sources(nursery: trio.Nursery, deps: Deps) -> None:
+    """The static pod sources: the manifest directory and the manifest URL."""
+    options, config = deps.options, deps.config
+    if config.static_pod_path:
+        static_files = partial(
+            run_static_files, path=Path(config.static_pod_path), node_name=options.node_name,
+            check_frequency=config.file_check_frequency, wall_clock=deps.clock.now,
+        )
+        await nursery.start(supervise, "file", static_files, deps.send.clone())
+    if config.static_pod_url:
+        manifest_url = partial(
+            run_manifest_url, url=config.static_pod_url, headers=config.static_pod_url_header,
+            node_name=options.node_name, check_frequency=config.http_check_frequency,
+            wall_clock=deps.clock.now,
+        )
+        await nursery.start(supervise, "http", manifest_url, deps.send.clone())
+
+
+def run_runtime_sources(nursery: trio.Nursery, deps: Deps, stats: NodeStats) -> None:
+    """The PLEG (the runtime's event stream unless the EventedPLEG gate is false: Go's gate
+    is off by default; docs/architecture.md says why ours is on) and the resync ticks."""
+    config = deps.config
+    pleg = partial(run_pleg, client=deps.client, metrics=(deps.metrics, deps.clock.now),
+                   on_relist=stats.oom.update if deps.host.host_resources else None,
+                   container_events=config.feature_gates.get("EventedPLEG", True))
+    nursery.start_soon(supervise, "pleg", pleg, deps.send.clone())
+    nursery.start_soon(_resync, deps.send.clone(), config.sync_frequency)
+
+
+async def run_cluster(
+    nursery: trio.Nursery, deps: Deps, api: APIClient, objects: ClusterObjects,
+    loop: SyncLoop, shutdown: NodeShutdownManager, pressure: NodePressure,
+    machine: MachineFacts,
 ) -> None:
     """The API-server side: the Node and its Lease, pod source, referenced objects and
-    Services, pod statuses, mirror pods. ``send`` becomes the pod source's (it closes it)."""
-    probe = RuntimeProbe(cri)
+    Services, pod statuses, mirror pods. ``machine`` is what the Node reports of its host."""
+    options = deps.options
+    probe = RuntimeProbe(deps.client)
     await probe.probe()  # the first answer, before the first node status
     nursery.start_soon(probe.run)
     started = trio.current_time()
     health = probe.health(
         lambda: pleg_error(trio.current_time(), loop.last_relist_ok, started), pressure
     )
-    images = NodeImages(cri)  # status.images
+    images = NodeImages(deps.client)  # status.images
     await nursery.start(images.run)
     health = replace(health, shutdown_error=shutdown.shutdown_error, images=lambda: images.latest)
-    node = NodeManager(api, options, health, clock, machine=machine, events=events)
+    node = NodeManager(api, options, health, deps.clock, machine=machine, events=deps.events)
     await nursery.start(node.run)
-    shutdown.on_shutdown.append(node.sync_soon)
-    config_maps = ObjectCache(api, "configmaps")
-    secrets = ObjectCache(api, "secrets")
-    services = ServiceCache(api)  # every Service, for containers' link variables
-    await nursery.start(config_maps.run)
-    await nursery.start(secrets.run)
-    await nursery.start(services.run)
-    pods = APIPods(caches=(config_maps, secrets))
-    ctx.objects = PodObjects(config_maps, secrets, services)
-    ctx.tokens = TokenSource(api, clock.now)
+    for cache in (objects.config_maps, objects.secrets, objects.services):
+        await nursery.start(cache.run)
+    pods = APIPods(caches=(objects.config_maps, objects.secrets))
     api_source = partial(run_api_source, client=api, node_name=options.node_name, state=pods)
-    nursery.start_soon(supervise, "api", api_source, send)
-
-    def static_pods() -> dict[str, Pod] | None:
-        """The file and URL sources' pods, once every one of them has reported."""
-        sets = loop.config.pod_sets()
-        merged: dict[str, Pod] = {}
-        for source in pod_sources(options):
-            if source != API_SOURCE:
-                if source not in sets:
-                    return None
-                merged.update(sets[source])
-        return merged
-
-    mirrors = MirrorPods(
-        api, pods, options.node_name, static_pods, lambda: node.node_uid, ctx.store.wait_changed
-    )
+    nursery.start_soon(supervise, "api", api_source, deps.send.clone())
+    mirrors = MirrorPods(api, pods, options.node_name, partial(_static_pods, options, loop),
+                         lambda: node.node_uid, deps.store.wait_changed)
     nursery.start_soon(mirrors.run)
-    statuses = StatusManager(
-        api, ctx.store, pods, mirror_of=mirrors.mirror_of,
-        wall_time=lambda: format_time(clock.now()),
-    )
+    statuses = StatusManager(api, deps.store, pods, mirror_of=mirrors.mirror_of,
+                             wall_time=lambda: format_time(deps.clock.now()))
     nursery.start_soon(statuses.run)
-    shutdown.reports += [statuses.sync_all, node.sync_status]
+    nursery.start_soon(_report_shutdown, shutdown, node, statuses)
 
 
-def _start_recorder(
-    options: AgentOptions, clock: TrioWallClock, loop: Callable[[], SyncLoop]
-) -> Recorder | None:
+def _static_pods(options: AgentOptions, loop: SyncLoop) -> dict[str, Pod] | None:
+    """The file and URL sources' pods, once every one of them has reported."""
+    sets = loop.config.pod_sets()
+    merged: dict[str, Pod] = {}
+    for source in pod_sources(options):
+        if source != API_SOURCE:
+            if source not in sets:
+                return None
+            merged.update(sets[source])
+    return merged
+
+
+def _recorder(options: AgentOptions, clock: TrioWallClock) -> Recorder | None:
+    """``--record FILE``: its header now; it writes once the sync loop can give snapshots."""
     if options.record is None:
         return None
     header = Header(
@@ -406,13 +584,35 @@ def _start_recorder(
         sources=pod_sources(options),
     )
     log.info("Recording to %s", options.record)
-    # The snapshot is only needed at a rotation, by which time the loop exists.
-    return Recorder(
-        options.record,
-        header,
-        snapshot=lambda: loop().snapshot(),
-        max_bytes=options.record_max_bytes,
+    return Recorder(options.record, header, max_bytes=options.record_max_bytes)
+
+
+def _eviction_config(
+    config: KubeletConfiguration, pods_limits: dict[str, Amount]
+) -> EvictionConfig:
+    """The eviction settings; a threshold that cannot be used is a configuration error."""
+    pods_memory = pods_limits.get("memory")
+    return EvictionConfig.from_config(
+        config,
+        pods_memory_limit=int(pods_memory.value) if pods_memory else None,
+        monitoring_interval=EVICTION_MONITORING_INTERVAL,
     )
+
+
+def _start_certificates(
+    top: trio.Nursery, options: AgentOptions, api: APIClient | None,
+    certificates: ClientCertificateManager | None, ready: trio.Event, clock: TrioWallClock,
+) -> ServingCertificateManager | None:
+    """Client certificate rotation, and the serving certificate from the cluster if asked."""
+    if certificates is not None:
+        top.start_soon(certificates.run)
+    if api is None or not options.config.server_tls_bootstrap:
+        return None
+    serving = ServingCertificateManager(
+        options, api, partial(node_addresses, options), clock=clock.now
+    )
+    top.start_soon(_once_ready, ready, serving.run)
+    return serving
 
 
 def _observers(*observers: Observer | None) -> Observer | None:
@@ -447,6 +647,71 @@ async def _serve(
     )
 
 
+async def run_server(
+    nursery: trio.Nursery, deps: Deps, loop: SyncLoop, stats: NodeStats,
+    api: APIClient | None, serving: ServingCertificateManager | None,
+) -> None:
+    """The HTTP servers over a read-only view of the node."""
+    view = NodeView(
+        options=deps.options, store=deps.store, client=deps.client,
+        last_relist=lambda: loop.last_relist_ok, last_sync_loop=lambda: loop.last_handled,
+        latest_sample=lambda: stats.sampler.latest, pod_logs_dir=Path(deps.config.pod_logs_dir),
+    )
+    await nursery.start(partial(_serve, view, deps.metrics, api, serving))
+
+
+@dataclass(frozen=True)
+class Startup:
+    """What ``run_agent`` settles before the runtime answers: the node's figures, the
+    cluster side's connection and credentials, and the graceful node shutdown."""
+
+    machine: MachineFacts
+    capacity: dict[str, Amount]
+    pods_limits: dict[str, Amount]
+    eviction: EvictionConfig
+    api: APIClient | None
+    objects: ClusterObjects | None
+    credentials: trio.Event  # set once the API client's certificate is in use
+    serving: ServingCertificateManager | None
+    shutdown: NodeShutdownManager
+    node_shutdown: trio.Event | None  # set by SIGTERM when graceful shutdown is on
+
+
+async def run_node(
+    nursery: trio.Nursery, top: trio.Nursery, deps: Deps, start: Startup, runtime: str,
+    receive: trio.MemoryReceiveChannel[Event],
+) -> SyncLoop:
+    """Every subsystem of a node whose runtime answers, built once, in dependency order."""
+    qos = (await _start_qos_cgroups(nursery, deps.options, deps.store, start.pods_limits)
+           if deps.host.host_resources else None)
+    images = await run_images(nursery, deps)
+    probes = await run_probes(nursery, deps)
+    ctx = worker_context(deps, runtime, images, probes, qos, start.objects, start.capacity)
+    loop = await run_sync_loop(nursery, deps, ctx, probes, receive)
+    if deps.recorder is not None:
+        await top.start(deps.recorder.run, loop.snapshot)
+    if start.node_shutdown is not None:
+        nursery.start_soon(partial(_shut_down_node, start.node_shutdown, start.shutdown, deps,
+                                   loop, top.cancel_scope, cluster=start.api is not None))
+    container_gc = await run_container_gc(nursery, deps, loop, qos)
+    stats = await run_node_stats(nursery, deps)
+    eviction = await run_eviction(nursery, deps, start.eviction, loop, stats,
+                                  NodeReclaimers(container_gc, images.gc))
+    await run_pod_sources(nursery, deps)
+    if start.api is not None and start.objects is not None:
+        # Static pods do not wait for a TLS bootstrap (the node's own API server may be one
+        # of them): the cluster side starts once it is done.
+        cluster = partial(run_cluster, nursery, deps, start.api, start.objects, loop,
+                          start.shutdown, eviction, start.machine)
+        await _run_once_ready(nursery, start.credentials, cluster)
+    run_runtime_sources(nursery, deps, stats)
+    if deps.host.serve:
+        await run_server(nursery, deps, loop, stats, start.api, start.serving)
+    if deps.options.show_pods:
+        nursery.start_soon(print_pod_changes, deps.store, sys.stdout, deps.clock)
+    return loop
+
+
 async def run_agent(
     options: AgentOptions,
     *,
@@ -457,209 +722,62 @@ async def run_agent(
 ) -> None:
     """Run the node agent until SIGINT/SIGTERM (or cancellation). Pods outlive the agent.
 
-    ``store`` and ``cri_observer`` let tests and benchmarks watch the agent from
-    inside the same process; ``host`` says what it may take from the machine.
+    ``store`` and ``cri_observer`` let tests and benchmarks watch the agent from inside the
+    same process; ``host`` says what it may take from the machine (hollow nodes: a fake
+    runtime, given machine facts, the host's resources left alone).
     """
     config = options.config
-    endpoint = config.container_runtime_endpoint
     log.info("trio-kubelet %s starting on node %s", __version__, options.node_name)
     # Read once at start-up, on the event loop (a few small files; a thread would stall
     # MockClock recordings).
     machine = host.machine if host.machine is not None else read_machine_facts(options.root_dir)
     capacity = machine_capacity(machine, config.max_pods)
-    # Before anything starts: a threshold that cannot be used is a configuration error.
     pods_limits = kubepods_limits(options, capacity)
-    pods_memory = pods_limits.get("memory")
-    eviction_config = EvictionConfig.from_config(
-        config,
-        pods_memory_limit=int(pods_memory.value) if pods_memory else None,
-        monitoring_interval=EVICTION_MONITORING_INTERVAL,
-    )
-    store = store if store is not None else PodStatusStore()
-    clock = TrioWallClock()
-    metrics = AgentMetrics(options.node_name)
-    loops: list[SyncLoop] = []
-    recorder = _start_recorder(options, clock, lambda: loops[0])
+    eviction_config = _eviction_config(config, pods_limits)  # before anything starts
+    clock, metrics = TrioWallClock(), AgentMetrics(options.node_name)
+    recorder = _recorder(options, clock)
     api, certificates = (host.open_api or open_api_client)(options, metrics, clock)
-    credentials_ready = certificates.ready if certificates is not None else trio.Event()
-    if certificates is None:
-        credentials_ready.set()
+    events = EventRecorder(options.node_name, api, clock=clock.now)
+    credentials = certificates.ready if certificates is not None else _set(trio.Event())
+    send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
     async with trio.open_nursery() as top:
-        shutdown = NodeShutdownManager(config, options.node_name)
+        shutdown = NodeShutdownManager(config, options.node_name, events=events)
         node_shutdown = trio.Event() if shutdown.enabled else None
         if host.signals:
             top.start_soon(_stop_on_signal, top.cancel_scope, node_shutdown)
-        if certificates is not None:
-            top.start_soon(certificates.run)
-        serving = None
-        if api is not None and config.server_tls_bootstrap:
-            serving = ServingCertificateManager(
-                options, api, partial(node_addresses, options), clock=clock.now
-            )
-            top.start_soon(_once_ready, credentials_ready, serving.run)
-        if recorder is not None:
-            await top.start(recorder.run)
-        observer = _observers(
-            cri_observer, metrics.cri_observer, recorder.cri_observer if recorder else None
-        )
+        serving = _start_certificates(top, options, api, certificates, credentials, clock)
+        # Events wait in the recorder's queue until the API server knows who we are.
+        top.start_soon(_once_ready, credentials, events.run)
+        start = Startup(machine, capacity, pods_limits, eviction_config, api,
+                        ClusterObjects.of(api, clock) if api is not None else None,
+                        credentials, serving, shutdown, node_shutdown)
+        observer = _observers(cri_observer, metrics.cri_observer,
+                              recorder.cri_observer if recorder else None)
+        endpoint = config.container_runtime_endpoint
         async with (host.open_runtime or open_cri_client)(
             endpoint, timeout=config.runtime_request_timeout, observer=observer
         ) as client:
             runtime = await wait_for_runtime(client, endpoint)
             log.info("Connected to container runtime %s at %s", runtime, endpoint)
-            events = EventRecorder(options.node_name, api, clock=clock.now)
-            shutdown.events = events
-            # Events wait in the recorder's queue until the API server knows who we are.
-            top.start_soon(_once_ready, credentials_ready, events.run)
-            # One image manager for all pod workers (the node-wide pull limit); image GC
-            # learns from it which images containers are about to use. The eviction
-            # manager's disk reclaim calls image_gc.reclaim.
-            image_gc = ImageGC(client, image_gc_policy(config), node_name=options.node_name,
-                               events=events, metrics=metrics, recorder=recorder)
-            images = ImageManager(client, events, serialize_pulls=config.serialize_image_pulls,
-                                  max_parallel_pulls=config.max_parallel_image_pulls,
-                                  pull_timeout=config.runtime_request_timeout or None,
-                                  registry_qps=config.registry_pull_qps,
-                                  registry_burst=config.registry_burst,
-                                  metrics=metrics)
-            images.on_image_used = image_gc.note_used
-            ctx = WorkerContext(
-                client=client,
-                images=images,
-                events=events,
-                store=store,
-                clock=clock,
-                pod_logs_dir=Path(config.pod_logs_dir),
-                node_ip=(options.node_ip or "").split(",")[0],
-                runtime_name=runtime.split()[0],
-                recorder=recorder,
-                node=_node_facts(options, events, capacity),
-                volumes=(VolumeManager(options.root_dir / "pods", events=events)
-                         if host.host_resources else None),
-            )
-            send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
-            probes = ProbeManager(
-                Prober(client), store, send.clone(), wall_clock=clock.now, events=events,
-                metrics=metrics,
-            )
-            ctx.on_status = probes.status_changed
-            loop = SyncLoop(
-                ctx,
-                pod_sources(options),
-                sync_frequency=config.sync_frequency,
-                probes=probes,
-                allowed_unsafe_sysctls=config.allowed_unsafe_sysctls,
-            )
-            loops.append(loop)
-            volume_stats = VolumeStats(options.root_dir / "pods",
-                                       period=config.volume_stats_agg_period)
-            sampler = Sampler(
-                root_fs=options.root_dir if options.root_dir.exists() else Path("/"),
-                pod_logs_dir=Path(config.pod_logs_dir),
-                wall_clock=clock.now,
-                volumes=volume_stats.latest,
-                pods_cgroup=(cgroup_path((KUBEPODS,), config.cgroup_root)
-                             if config.cgroups_per_qos else None),
-            )
-            oom = OOMWatcher(on_counts=sampler.set_oom_counts, wall_clock=clock.now)
-            eviction = EvictionManager(
-                eviction_config,
-                loop,
-                lambda: sampler.latest,
-                wall_clock=clock.now,
-                stopped=store.is_stopped,
-                events=events,
-                metrics=metrics,
-                recorder=recorder,
-            )
-            loop.node_conditions = lambda: (
-                *eviction.node_conditions(), *shutdown.admission_conditions()
-            )
+            deps = Deps(options, clock, metrics, events, store or PodStatusStore(), recorder,
+                        client, send, host)
             async with trio.open_nursery() as nursery:
-                if host.host_resources:
-                    ctx.qos = await _start_qos_cgroups(nursery, options, store, pods_limits)
-                await nursery.start(probes.run)
-                await nursery.start(loop.run, receive)
-                if node_shutdown is not None:
-                    nursery.start_soon(
-                        _shut_down_node, node_shutdown, shutdown, loop, store, top.cancel_scope
-                    )
-                # Dead containers, empty sandboxes, log directories and cgroups of gone pods;
-                # the eviction manager's disk reclaim calls container_gc.reclaim.
-                container_gc = ContainerGC(
-                    client,
-                    options.container_gc,
-                    existing_pods=loop.existing_pods,
-                    sources_ready=lambda: loop.config.sources_ready,
-                    pod_logs_dir=Path(config.pod_logs_dir),
-                    clock=clock.now,
-                    period=CONTAINER_GC_PERIOD,
-                    qos=ctx.qos,
-                    recorder=recorder,
-                )
-                await nursery.start(container_gc.run)
-                eviction.reclaimer = NodeReclaimers(container_gc, image_gc)
-                if config.static_pod_path:
-                    static_files = partial(
-                        run_static_files,
-                        path=Path(config.static_pod_path),
-                        node_name=options.node_name,
-                        check_frequency=config.file_check_frequency,
-                        wall_clock=clock.now,
-                    )
-                    await nursery.start(supervise, "file", static_files, send.clone())
-                if api is not None:
-                    cluster = partial(
-                        _run_cluster_tasks,
-                        nursery, send.clone(), api, client, events, options, loop, ctx, clock,
-                        shutdown, eviction, machine,
-                    )
-                    if credentials_ready.is_set():
-                        await cluster()
-                    else:
-                        # Static pods do not wait for a TLS bootstrap (the node's own API server
-                        # may be one of them): the cluster side starts once it is done.
-                        nursery.start_soon(_once_ready, credentials_ready, cluster)
-                if config.static_pod_url:
-                    manifest_url = partial(
-                        run_manifest_url,
-                        url=config.static_pod_url,
-                        headers=config.static_pod_url_header,
-                        node_name=options.node_name,
-                        check_frequency=config.http_check_frequency,
-                        wall_clock=clock.now,
-                    )
-                    await nursery.start(supervise, "http", manifest_url, send.clone())
-                # The runtime's event stream unless the EventedPLEG gate is set to false
-                # (Go's gate is off by default; docs/architecture.md says why ours is on).
-                pleg = partial(run_pleg, client=client, metrics=metrics,
-                               on_relist=oom.update if host.host_resources else None,
-                               container_events=config.feature_gates.get("EventedPLEG", True))
-                nursery.start_soon(supervise, "pleg", pleg, send.clone())
-                nursery.start_soon(_resync, send.clone(), config.sync_frequency)
-                if host.host_resources:
-                    await nursery.start(oom.run, send.clone())
-                    await nursery.start(volume_stats.run)
-                    nursery.start_soon(
-                        partial(sampler.run, client, interval=HOUSEKEEPING_INTERVAL)
-                    )
-                    await nursery.start(eviction.run)
-                    await nursery.start(image_gc.run)
-                view = NodeView(
-                    options=options,
-                    store=store,
-                    client=client,
-                    last_relist=lambda: loop.last_relist_ok,
-                    last_sync_loop=lambda: loop.last_handled,
-                    latest_sample=lambda: sampler.latest,
-                    pod_logs_dir=Path(config.pod_logs_dir),
-                )
-                if host.serve:
-                    await nursery.start(partial(_serve, view, metrics, api, serving))
-                if options.show_pods:
-                    nursery.start_soon(print_pod_changes, store, sys.stdout, clock)
-                send.close()
-                task_status.started(loop)
+                task_status.started(await run_node(nursery, top, deps, start, runtime, receive))
         top.cancel_scope.cancel()
     if api is not None:
         await api.aclose()
+
+
+def _set(event: trio.Event) -> trio.Event:
+    event.set()
+    return event
+
+
+async def _run_once_ready(
+    nursery: trio.Nursery, ready: trio.Event, start: Callable[[], Awaitable[None]]
+) -> None:
+    """``start`` now if ``ready`` is set, else in the background once it is."""
+    if ready.is_set():
+        await start()
+    else:
+        nursery.start_soon(_once_ready, ready, start)

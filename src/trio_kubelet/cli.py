@@ -791,12 +791,7 @@ def _run(args: argparse.Namespace) -> int:
     if ignored:
         logging.getLogger("trio_kubelet").warning(
             "Go kubelet flag(s) not implemented by trio-kubelet, ignored: %s", ", ".join(ignored))
-    try:
-        agent = importlib.import_module("trio_kubelet.agent")
-    except ModuleNotFoundError as exc:
-        if exc.name != "trio_kubelet.agent":
-            raise
-        return _fail("the node agent is not available in this build")
+    agent = importlib.import_module("trio_kubelet.agent")
     import trio
 
     # Everything imported so far lives as long as the process: keep it out of the

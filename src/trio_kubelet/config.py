@@ -37,6 +37,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from trio_kubelet.core.container_gc import GCPolicy
+from trio_kubelet.core.eviction import SIGNALS
 from trio_kubelet.model.duration import DurationError, format_duration, parse_duration
 
 log = logging.getLogger(__name__)
@@ -56,19 +57,7 @@ DEFAULT_EVICTION_HARD: dict[str, str] = {
     "nodefs.inodesFree": "5%",
     "imagefs.available": "15%",
 }
-EVICTION_SIGNALS = frozenset(
-    {
-        "memory.available",
-        "allocatableMemory.available",
-        "nodefs.available",
-        "nodefs.inodesFree",
-        "imagefs.available",
-        "imagefs.inodesFree",
-        "containerfs.available",
-        "containerfs.inodesFree",
-        "pid.available",
-    }
-)
+EVICTION_SIGNALS = frozenset(SIGNALS)
 _NODE_ALLOCATABLE_KEYS = frozenset(
     {
         "pods",

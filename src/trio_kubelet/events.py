@@ -12,7 +12,6 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from trio_kubelet.model.pod import Pod
-from trio_kubelet.sources.oom import OOMEvent
 
 
 class _Event(BaseModel):
@@ -89,6 +88,40 @@ class ProbeResultEvent(_Event):
     result: Literal["success", "failure", "unknown"]
     forget: str = ""
 
+class OOMEvent(_Event):
+    """The kernel OOM-killed a process in a container."""
+
+    kind: Literal["oom"] = "oom"
+    container_id: str
+    pod_uid: str = ""
+    pod_name: str = ""
+    pod_namespace: str = ""
+    container_name: str = ""
+    time: float  # epoch seconds when the agent saw it
+    count: int  # OOM kills seen in this container so far (container_oom_events_total)
+    process: str = ""  # the killed process, when /dev/kmsg named it
+    pid: int = 0
+
+
+class NodeConditions(_Event):
+    """The node conditions one manager reports now (``eviction``: the pressure conditions;
+    ``shutdown``: NodeShutdown). Admission refuses new pods by the union of the latest."""
+
+    kind: Literal["node_conditions"] = "node_conditions"
+    source: Literal["eviction", "shutdown"]
+    conditions: list[str]
+
+
+class EvictPod(_Event):
+    """Kill a pod with ``grace`` and mark it Failed with ``reason`` and ``message``: the
+    eviction manager's choice (Evicted) or a graceful node shutdown's (Terminated)."""
+
+    kind: Literal["evict"] = "evict"
+    pod_uid: str
+    message: str
+    grace: int
+    reason: str
+
 
 class ResyncTick(_Event):
     """Periodic resync of every pod (syncFrequency) and retry of pods whose sync failed."""
@@ -103,7 +136,9 @@ Event = Annotated[
     | ContainerEventStream
     | ResyncTick
     | OOMEvent
-    | ProbeResultEvent,
+    | ProbeResultEvent
+    | NodeConditions
+    | EvictPod,
     Field(discriminator="kind"),
 ]
 

@@ -19,6 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString as _untyped_float_to_go_string
 
+from trio_kubelet.core.stats import escape_help, escape_label
+
 __all__ = [
     "CONTENT_TYPE",
     "DEF_BUCKETS",
@@ -236,18 +238,10 @@ class AgentMetrics:
         return render_text(self.probe_registry)
 
 
-def _escape_help(text: str) -> str:
-    return text.replace("\\", r"\\").replace("\n", r"\n")
-
-
-def _escape_label(value: str) -> str:
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-
-
 def _labels(labels: Mapping[str, str]) -> str:
     if not labels:
         return ""
-    return "{" + ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels.items()) + "}"
+    return "{" + ",".join(f'{k}="{escape_label(v)}"' for k, v in labels.items()) + "}"
 
 
 def _family_lines(family: Metric) -> Iterable[str]:
@@ -257,7 +251,7 @@ def _family_lines(family: Metric) -> Iterable[str]:
     if typ == "counter" and not plain:
         name += "_total"
     created = family.name + "_created"
-    yield f"# HELP {name} {_escape_help(family.documentation)}"
+    yield f"# HELP {name} {escape_help(family.documentation)}"
     yield f"# TYPE {name} {typ}"
     for sample in family.samples:
         if sample.name == created:

@@ -16,7 +16,7 @@ from trio_kubelet.cli import parse_run_options
 from trio_kubelet.model.pod import ContainerStatus, Pod
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.runtime import configs
-from trio_kubelet.server.crilog import parse_chunk
+from trio_kubelet.runtime.crilog import parse_chunk
 from trio_kubelet.status.store import PodStatusStore
 
 NODE = "itest-node"

@@ -20,8 +20,8 @@ from tests.integration.harness import RunningAgent, container, running, running_
 from trio_kubelet.core.container_ids import runtime_id
 from trio_kubelet.events import EVENT_ADAPTER, ContainerEventStream, Event, PodLifecycleEvent
 from trio_kubelet.model.pod import Pod
+from trio_kubelet.recording.records import EventRecord
 from trio_kubelet.replay.reader import read_recording
-from trio_kubelet.replay.records import EventRecord
 from trio_kubelet.replay.replayer import replay
 from trio_kubelet.runtime import configs, labels
 from trio_kubelet.runtime.client import open_cri_client

@@ -28,12 +28,12 @@ from trio_kubelet.core.stats import (
     build_resource_metrics,
     build_summary,
 )
-from trio_kubelet.events import Event
+from trio_kubelet.events import Event, OOMEvent
 from trio_kubelet.runtime.client import open_cri_client
 from trio_kubelet.server.app import create_app
 from trio_kubelet.server.routes_stats import stats_blueprint
 from trio_kubelet.server.view import NodeView
-from trio_kubelet.sources.oom import OOMEvent, OOMWatcher
+from trio_kubelet.sources.oom import OOMWatcher
 from trio_kubelet.sources.pleg import run_pleg
 from trio_kubelet.sources.sampler import Sampler
 

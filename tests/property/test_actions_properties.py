@@ -100,7 +100,6 @@ def test_never_policy_never_restarts_an_exited_container(
         newest = status.find(container.name)
         if not is_sidecar(container) and newest is not None and newest.state is EXITED:
             assert newest.exit_code == 0 and newest.reason != "OOMKilled"
-            assert status.find(container.name) is not None
 
 
 def _sidecar_awaiting_startup(pod: Pod, instance: RuntimeContainer,

@@ -354,7 +354,7 @@ async def test_a_pass_that_removes_something_is_recorded_and_replays(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     """The record goes through a recording file; replay re-plans the same removals."""
-    from trio_kubelet.replay.records import ContainerGCRecord
+    from trio_kubelet.recording.records import ContainerGCRecord
 
     recorder = ListRecorder()
     async with node(tmp_path) as n:

@@ -20,6 +20,7 @@ from trio_kubelet.core.shutdown import (
     shutdown_rounds,
     total_grace,
 )
+from trio_kubelet.events import Event, EvictPod, NodeConditions
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.node.shutdown import NodeShutdownManager
 
@@ -118,14 +119,18 @@ class FakeNode:
         self.pods = pods
         self.stop_after = stop_after
         self.kills: list[tuple[str, int, str, float]] = []
+        self.conditions: list[tuple[str, tuple[str, ...]]] = []
 
     def active_pods(self) -> list[Pod]:
         return list(self.pods)
 
-    def evict(self, uid: str, message: str, grace: int, reason: str) -> bool:
-        assert message == "Pod was terminated in response to imminent node shutdown."
-        self.kills.append((uid, grace, reason, trio.current_time()))
-        return True
+    async def send(self, event: Event) -> None:
+        """The sync loop's channel: the kills, and the conditions admission is told."""
+        if isinstance(event, EvictPod):
+            assert event.message == "Pod was terminated in response to imminent node shutdown."
+            self.kills.append((event.pod_uid, event.grace, event.reason, trio.current_time()))
+        elif isinstance(event, NodeConditions):
+            self.conditions.append((event.source, tuple(event.conditions)))
 
     def stopped(self, uid: str) -> bool:
         killed = [when for who, _, _, when in self.kills if who == uid]
@@ -147,15 +152,19 @@ async def test_rounds_stop_regular_pods_then_critical_ones(
     )
     reported: list[float] = []
     notified: list[bool] = []
-    manager.on_shutdown.append(lambda: notified.append(manager.shutting_down))
 
-    async def report() -> None:
+    async def cluster_side() -> None:
+        await manager.started.wait()
+        notified.append(manager.shutting_down)
+        await manager.pods_stopped.wait()
         reported.append(trio.current_time())
+        manager.reported.set()
 
-    manager.reports.append(report)
-    assert manager.shutdown_error() is None and manager.admission_conditions() == ()
+    assert manager.shutdown_error() is None
     start = trio.current_time()
-    await manager.shut_down(node, node.stopped)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cluster_side)
+        await manager.shut_down(node, node.stopped, node.send, await_reports=True)
     kills = {uid: (grace, reason, when - start) for uid, grace, reason, when in node.kills}
     assert kills["web"] == (5, "Terminated", 0) and kills["stuck"] == (20, "Terminated", 0)
     # "stuck" never stops: the critical round starts when the regular one's 20 s are up.
@@ -163,4 +172,4 @@ async def test_rounds_stop_regular_pods_then_critical_ones(
     assert reported and reported[0] - start == pytest.approx(22, abs=0.5)
     assert notified == [True]
     assert manager.shutdown_error() == "node is shutting down"
-    assert manager.admission_conditions() == ("NodeShutdown",)
+    assert node.conditions == [("shutdown", ("NodeShutdown",))]  # admission is told first

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from trio_kubelet.server.crilog import (
+from trio_kubelet.runtime.crilog import (
     STDERR,
     STDOUT,
     LogChunk,
@@ -205,7 +205,7 @@ def test_max_lines_stops_decoding() -> None:
 
 
 def test_an_endless_partial_line_is_emitted_in_pieces() -> None:
-    from trio_kubelet.server.crilog import MAX_JOINED_LINE
+    from trio_kubelet.runtime.crilog import MAX_JOINED_LINE
 
     piece = "x" * (MAX_JOINED_LINE // 2)
     data = b"".join(line(1, "stdout", "P", piece) for _ in range(3)) + line(2, "stdout", "F", "!")

@@ -24,6 +24,7 @@ from tests.unit.test_eviction import (
 from trio_kubelet.config import ConfigError, KubeletConfiguration, load_config_file
 from trio_kubelet.core.eviction import parse_thresholds
 from trio_kubelet.core.stats import FsFigures, Sample
+from trio_kubelet.events import Event, EvictPod, NodeConditions
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.resources.eviction import EvictionConfig, EvictionManager
@@ -38,14 +39,19 @@ class FakePods:
 
     pods: list[Pod]
     evicted: list[tuple[str, str, int]] = field(default_factory=list)
+    conditions: list[tuple[str, ...]] = field(default_factory=list)
 
     def active_pods(self) -> list[Pod]:
         gone = {uid for uid, _, _ in self.evicted}
         return [p for p in self.pods if p.metadata.uid not in gone]
 
-    def evict(self, uid: str, message: str, grace: int) -> bool:
-        self.evicted.append((uid, message, grace))
-        return True
+    async def send(self, event: Event) -> None:
+        """The sync loop's channel: evictions carried out at once, conditions kept."""
+        if isinstance(event, EvictPod):
+            assert event.reason == "Evicted"
+            self.evicted.append((event.pod_uid, event.message, event.grace))
+        elif isinstance(event, NodeConditions):
+            self.conditions.append(tuple(event.conditions))
 
     def stopped(self, uid: str) -> bool:
         return any(evicted == uid for evicted, _, _ in self.evicted)
@@ -104,7 +110,7 @@ def manager(pods: FakePods, latest: Latest, **kwargs: Any) -> tuple[EvictionMana
     config = kwargs.pop("config", None) or EvictionConfig(
         thresholds=parse_thresholds({"memory.available": "500Mi", "nodefs.available": "10%"}))
     evictions = EvictionManager(
-        config, pods, latest, wall_clock=lambda: T0 + trio.current_time(),
+        config, pods, latest, pods.send, wall_clock=lambda: T0 + trio.current_time(),
         stopped=pods.stopped, events=events, metrics=metrics, **kwargs,  # type: ignore[arg-type]
     )
     return evictions, events, metrics
@@ -300,16 +306,16 @@ async def test_rounds_that_evict_back_to_back_still_let_other_tasks_run() -> Non
         def active_pods(self) -> list[Pod]:
             return self.pods
 
-        def evict(self, uid: str, message: str, grace: int) -> bool:
-            if len(self.evicted) >= 5000:
-                return False
-            return super().evict(uid, message, grace)
+        async def send(self, event: Event) -> None:
+            if len(self.evicted) < 5000:
+                await super().send(event)
 
     pods = Endless([make_pod("p", annotations=API)])
     evictions = EvictionManager(
         EvictionConfig(thresholds=parse_thresholds({"memory.available": "500Mi"})),
         pods,
         lambda: make_sample(time=time.time(), node_working_set=4 * GiB),  # always fresh
+        pods.send,
         wall_clock=time.time,
         stopped=lambda uid: True,  # nothing ever running: no wait
     )

@@ -14,7 +14,7 @@ from trio_kubelet.core.image_gc import ImageFs, ImageGCPolicy
 from trio_kubelet.images.gc import ImageGC, ImageGCError
 from trio_kubelet.kube_events import EventRecorder, ObjectRef
 from trio_kubelet.metrics import AgentMetrics
-from trio_kubelet.replay.records import ImageGCRecord
+from trio_kubelet.recording.records import ImageGCRecord
 from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.client import CRIClient, open_cri_client
 from trio_kubelet.runtime.cri.runtime import v1

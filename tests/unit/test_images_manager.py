@@ -227,9 +227,8 @@ async def test_pulled_event_names_duration_waiting_and_size(tmp_path: Path) -> N
     events, metrics = Events(), AgentMetrics("node-a")
     async with serve_fake_runtime(sock) as fake, \
             open_cri_client(f"unix://{sock}", timeout=5.0) as client:
-        images = ImageManager(client, events, metrics=metrics)
         used: list[str] = []
-        images.on_image_used = used.append
+        images = ImageManager(client, events, metrics=metrics, on_image_used=used.append)
         image_id = await images.ensure(container(), POD_UID, NOW, REF)
     assert [(t, r) for t, r, _ in events.seen] == [("Normal", "Pulling"), ("Normal", "Pulled")]
     assert events.seen[0][2] == f'Pulling image "{IMAGE}"'

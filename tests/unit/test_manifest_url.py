@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 import trio
 
+from trio_kubelet.core.phase import CONFIG_SOURCE_ANNOTATION
 from trio_kubelet.events import Event, PodSetUpdate
 from trio_kubelet.sources import manifest_url
 from trio_kubelet.sources.manifest_url import run_manifest_url, shown_url
 from trio_kubelet.sources.static_files import (
     CONFIG_HASH_ANNOTATION,
     CONFIG_SEEN_ANNOTATION,
-    CONFIG_SOURCE_ANNOTATION,
     ParsedManifest,
     static_pod_uid,
 )

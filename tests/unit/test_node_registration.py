@@ -11,6 +11,7 @@ import pytest
 from trio_kubelet.cli import parse_run_options
 from trio_kubelet.config import AgentOptions, KubeletConfiguration
 from trio_kubelet.core.image_gc import ListedImage
+from trio_kubelet.model.quantity import format_quantity
 from trio_kubelet.node.registration import (
     KUBELET_VERSION,
     Amount,
@@ -19,7 +20,6 @@ from trio_kubelet.node.registration import (
     allocatable_reservation,
     changed_fields,
     container_runtime_version,
-    format_quantity,
     initial_node,
     labels_to_restore,
     machine_capacity,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import trio
 
+from trio_kubelet.recording.recorder import REDACTED, Recorder, redact
+from trio_kubelet.recording.records import Header, SnapshotRecord, StatusRecord
 from trio_kubelet.replay.reader import read_recording
-from trio_kubelet.replay.recorder import REDACTED, Recorder, redact
-from trio_kubelet.replay.records import Header, SnapshotRecord, StatusRecord
 from trio_kubelet.runtime.cri.runtime import v1
 
 
@@ -38,13 +38,13 @@ def test_redact_replaces_credentials_at_any_depth() -> None:
 
 async def test_pull_credentials_never_reach_the_file(tmp_path: Path) -> None:
     path = tmp_path / "rec.jsonl"
-    recorder = Recorder(path, header(), snapshot=empty_snapshot)
+    recorder = Recorder(path, header())
     request = v1.PullImageRequest(
         image=v1.ImageSpec(image="reg.local/app:1"),
         auth=v1.AuthConfig(username="robot", password="s3cret-pw", auth="cm9ib3Q6czNjcmV0"),
     )
     async with trio.open_nursery() as nursery:
-        await nursery.start(recorder.run)
+        await nursery.start(recorder.run, empty_snapshot)
         recorder.cri_observer("PullImage", request, v1.PullImageResponse(image_ref="sha256:1"), 0.5)
         nursery.cancel_scope.cancel()
     text = path.read_text()
@@ -54,9 +54,9 @@ async def test_pull_credentials_never_reach_the_file(tmp_path: Path) -> None:
 
 async def test_unfiltered_relists_are_not_recorded(tmp_path: Path) -> None:
     path = tmp_path / "rec.jsonl"
-    recorder = Recorder(path, header(), snapshot=empty_snapshot)
+    recorder = Recorder(path, header())
     async with trio.open_nursery() as nursery:
-        await nursery.start(recorder.run)
+        await nursery.start(recorder.run, empty_snapshot)
         recorder.cri_observer("ListContainers", v1.ListContainersRequest(),
                               v1.ListContainersResponse(), 0.001)
         selected = v1.ListContainersRequest(
@@ -69,7 +69,7 @@ async def test_unfiltered_relists_are_not_recorded(tmp_path: Path) -> None:
 
 async def test_records_are_serialised_by_the_flusher_not_by_the_caller(tmp_path: Path) -> None:
     path = tmp_path / "rec.jsonl"
-    recorder = Recorder(path, header(), snapshot=empty_snapshot)
+    recorder = Recorder(path, header())
     built: list[float] = []
 
     def make() -> StatusRecord:
@@ -77,7 +77,7 @@ async def test_records_are_serialised_by_the_flusher_not_by_the_caller(tmp_path:
         return status(1.0)
 
     async with trio.open_nursery() as nursery:
-        await nursery.start(recorder.run)
+        await nursery.start(recorder.run, empty_snapshot)
         recorder.add(make)
         assert built == []  # adding costs an append, nothing more
         await trio.sleep(0.5)
@@ -88,9 +88,9 @@ async def test_records_are_serialised_by_the_flusher_not_by_the_caller(tmp_path:
 
 async def test_rotation_starts_each_file_with_header_and_snapshot(tmp_path: Path) -> None:
     path = tmp_path / "rec.jsonl"
-    recorder = Recorder(path, header(), snapshot=empty_snapshot, max_bytes=2_000, keep=3)
+    recorder = Recorder(path, header(), max_bytes=2_000, keep=3)
     async with trio.open_nursery() as nursery:
-        await nursery.start(recorder.run)
+        await nursery.start(recorder.run, empty_snapshot)
         for round_ in range(8):
             for i in range(15):
                 recorder.add(lambda t=round_ * 100 + i: status(float(t)))
@@ -109,9 +109,9 @@ async def test_rotation_starts_each_file_with_header_and_snapshot(tmp_path: Path
 
 async def test_a_cut_last_line_leaves_a_readable_prefix(tmp_path: Path) -> None:
     path = tmp_path / "rec.jsonl"
-    recorder = Recorder(path, header(), snapshot=empty_snapshot)
+    recorder = Recorder(path, header())
     async with trio.open_nursery() as nursery:
-        await nursery.start(recorder.run)
+        await nursery.start(recorder.run, empty_snapshot)
         for t in range(5):
             recorder.add(lambda t=t: status(float(t)))
         recorder.flush()

@@ -8,14 +8,7 @@ from typing import Any, get_args
 
 import pytest
 
-from trio_kubelet.replay import reader
-from trio_kubelet.replay.reader import (
-    RecordingError,
-    RecordingReader,
-    field_path,
-    read_recording,
-)
-from trio_kubelet.replay.records import (
+from trio_kubelet.recording.records import (
     ContainerStart,
     CRIRecord,
     DecisionRecord,
@@ -25,6 +18,13 @@ from trio_kubelet.replay.records import (
     SnapshotRecord,
     StatusRecord,
     TeardownRecord,
+)
+from trio_kubelet.replay import reader
+from trio_kubelet.replay.reader import (
+    RecordingError,
+    RecordingReader,
+    field_path,
+    read_recording,
 )
 
 HEADER = Header(t=100.0, agent_version="0.1.0", node="n1", start_time=1.7e9, config={})

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -29,8 +30,8 @@ from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.core import actions as core_actions
 from trio_kubelet.core.observed import ContainerState, RuntimeContainer
 from trio_kubelet.model.pod import Container, Pod
+from trio_kubelet.recording.records import DecisionRecord, Record
 from trio_kubelet.replay.reader import read_recording
-from trio_kubelet.replay.records import DecisionRecord, Record
 from trio_kubelet.replay.replayer import ReplayResult, replay, replay_in_virtual_time
 from trio_kubelet.runtime.fake import ContainerScript, FakeRuntime, in_process_opener
 
@@ -315,6 +316,51 @@ def test_a_tampered_admission_diverges(
     assert divergence.reason == "the replayed admission differs from the recorded one"
 
 
+def status_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    return [(number, data) for number, line in enumerate(path.read_text().splitlines(), start=1)
+            if (data := json.loads(line))["kind"] == "status"]
+
+
+def test_every_published_status_is_re_decided(recordings: Recordings) -> None:
+    """The statuses the workers published are recorded with their inputs and recomputed:
+    synced ones by compute_pod_status, the refused pod's by rejected_status."""
+    statuses = status_lines(recordings.plain)
+    result = replay_file(recordings.plain)
+
+    assert result.ok and result.statuses == len(statuses) > 10
+    decided = {data["decided"] for _, data in statuses}
+    assert decided == {"sync", "rejected"}
+    failed = [d for _, d in statuses if d["pod"] == "greedy-n1_default"]
+    assert failed and failed[0]["decided"] == "rejected"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"observed": {"uid": "x", "name": "", "namespace": "", "sandboxes": [],
+                      "containers": []}},  # the runtime had nothing: still creating
+        {"now": 0.0},  # other times in the conditions
+        {"host_ip": "10.9.9.9"},
+    ],
+)
+def test_a_tampered_status_input_diverges(
+    recordings: Recordings, tmp_path: Path, change: dict[str, object]
+) -> None:
+    lines = recordings.plain.read_text().splitlines(keepends=True)
+    number, data = next((n, d) for n, d in status_lines(recordings.plain)
+                        if d["decided"] == "sync" and d["pod"] == "onfail-n1_default"
+                        and d["status"].get("phase") == "Running")
+    lines[number - 1] = json.dumps({**data, **change}) + "\n"
+    tampered = tmp_path / "tampered.jsonl"
+    tampered.write_text("".join(lines))
+
+    divergence = replay_file(tampered).divergence
+
+    assert divergence is not None
+    assert (divergence.line, divergence.pod) == (number, "onfail-n1_default")
+    assert divergence.reason == "the replayed pod status differs from the recorded one"
+
+
 def test_a_tampered_gate_diverges(recordings: Recordings, tmp_path: Path) -> None:
     lines = recordings.plain.read_text().splitlines(keepends=True)
     number, data = next(
@@ -432,7 +478,7 @@ def test_check_passes_on_a_real_recording(
     assert out.splitlines()[-1] == (
         f"replay OK: {result.decisions} decisions, {result.admissions} admissions, "
         f"{result.evictions} evictions, {result.gc_passes} GC passes, "
-        f"{result.gates} gates re-checked, no divergence"
+        f"{result.gates} gates, {result.statuses} pod statuses re-checked, no divergence"
     )
     assert "s  init-n1_default  create sandbox (attempt 0); start init-1\n" in out
 
@@ -540,16 +586,6 @@ def test_timeline_is_rendered_by_the_timeline_module(
     assert capsys.readouterr().out.endswith(f"timeline written to {out}\n")
     assert run_cli(str(recordings.plain), "--timeline", str(tmp_path / "no" / "t.html")) == 2
     assert "trio-kubelet: error: cannot write the timeline to " in capsys.readouterr().err
-
-
-def test_timeline_without_the_timeline_module_is_an_error(
-    recordings: Recordings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setitem(sys.modules, "trio_kubelet.replay.timeline", None)
-
-    assert run_cli(str(recordings.plain), "--timeline", "out.html") == 2
-
-    assert "--timeline is not available" in capsys.readouterr().err
 
 
 def test_decision_records_carry_what_the_replay_needs(recordings: Recordings) -> None:

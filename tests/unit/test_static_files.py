@@ -13,12 +13,12 @@ import pytest
 import trio
 import trio.testing
 
+from trio_kubelet.core.phase import CONFIG_SOURCE_ANNOTATION
 from trio_kubelet.events import Event, PodSetUpdate
 from trio_kubelet.sources import static_files
 from trio_kubelet.sources.static_files import (
     CONFIG_HASH_ANNOTATION,
     CONFIG_SEEN_ANNOTATION,
-    CONFIG_SOURCE_ANNOTATION,
     ManifestScan,
     load_manifests,
     run_static_files,

@@ -24,6 +24,8 @@ from trio_kubelet.core.actions import PodActions
 from trio_kubelet.core.observed import RuntimePodStatus
 from trio_kubelet.events import (
     Event,
+    EvictPod,
+    NodeConditions,
     PodLifecycleEvent,
     PodSetUpdate,
     RelistDone,
@@ -35,8 +37,8 @@ from trio_kubelet.reconcile import workers
 from trio_kubelet.reconcile.container_setup import NodeFacts
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import SYNC_ERROR_RETRY, WorkerContext
+from trio_kubelet.recording.records import Header
 from trio_kubelet.replay.reader import read_recording
-from trio_kubelet.replay.records import Header
 from trio_kubelet.replay.replayer import ReplayResult, replay
 from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.client import CRIClient
@@ -234,7 +236,7 @@ async def test_an_evicted_pod_is_stopped_and_ends_failed_evicted(
         assert {p.metadata.uid for p in node.loop.active_pods()} == {WEB, API}
         message = "The node was low on resource: memory. "
 
-        assert node.loop.evict(WEB, message, 1)
+        await node.send.send(EvictPod(pod_uid=WEB, message=message, grace=1, reason="Evicted"))
 
         evicted = await node.wait_for(
             WEB, lambda p: p.status.phase == "Failed" and not all_running(runtime.fake, WEB))
@@ -248,7 +250,9 @@ async def test_an_evicted_pod_is_stopped_and_ends_failed_evicted(
         assert node.store.get(WEB).status.reason == "Evicted"  # type: ignore[union-attr]
         assert node.store.is_stopped(WEB)
         assert [p.metadata.uid for p in node.loop.active_pods()] == [API]
-        assert not node.loop.evict(WEB, message, 1)  # once is enough
+        await node.send.send(EvictPod(pod_uid=WEB, message="again", grace=1, reason="Evicted"))
+        await trio.sleep(1)  # once is enough: the second eviction changes nothing
+        assert node.store.get(WEB).status.message == message  # type: ignore[union-attr]
         assert is_running(node.store.get(API))  # type: ignore[arg-type]
 
 
@@ -256,7 +260,7 @@ async def test_a_new_pod_is_refused_under_the_pressure_the_eviction_manager_repo
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     async with fake_runtime(tmp_path) as runtime, agent(runtime, ("api",)) as node:
-        node.loop.node_conditions = lambda: ("MemoryPressure",)
+        await node.send.send(NodeConditions(source="eviction", conditions=["MemoryPressure"]))
         await node.send.send(pod_set("api", make_pod("web", WEB)))
 
         refused = await node.wait_for(WEB, lambda p: p.status.phase == "Failed")
@@ -270,12 +274,12 @@ async def test_a_new_pod_is_refused_under_the_pressure_the_eviction_manager_repo
 async def test_an_admission_under_pressure_replays_from_its_record(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    from trio_kubelet.replay.records import AdmissionRecord
+    from trio_kubelet.recording.records import AdmissionRecord
 
     recorder = ListRecorder()
     async with fake_runtime(tmp_path) as runtime, \
             agent(runtime, ("api",), recorder=recorder) as node:
-        node.loop.node_conditions = lambda: ("DiskPressure",)
+        await node.send.send(NodeConditions(source="eviction", conditions=["DiskPressure"]))
         await node.send.send(pod_set("api", make_pod("web", WEB)))
         await node.wait_for(WEB, lambda p: p.status.phase == "Failed")
 
@@ -294,7 +298,7 @@ async def test_an_eviction_replays_from_its_record(
 ) -> None:
     """The manager's choice over the loop's real pods is recorded; replay re-chooses it."""
     from tests.unit.test_eviction import MiB, make_sample, pod_sample
-    from trio_kubelet.replay.records import AssessRecord, EvictionRecord
+    from trio_kubelet.recording.records import AssessRecord, EvictionRecord, StatusRecord
     from trio_kubelet.resources.eviction import EvictionConfig, EvictionManager
 
     config = KubeletConfiguration.model_validate({"evictionHard": {"memory.available": "500Mi"}})
@@ -311,10 +315,11 @@ async def test_an_eviction_replays_from_its_record(
         await node.send.send(pod_set("api", web, api))
         await node.wait_for(API, is_running)
         evictions = EvictionManager(
-            EvictionConfig.from_config(config), node.loop, lambda: sample,
+            EvictionConfig.from_config(config), node.loop, lambda: sample, node.send.send,
             wall_clock=lambda: T0 + 1, stopped=node.store.is_stopped, recorder=recorder,
         )
         assert await evictions.synchronize() == (API,)
+        await node.wait_for(API, lambda p: p.status.reason == "Evicted")
 
     header = Header(agent_version="test", node="n", start_time=T0, config=config.to_wire(),
                     sources=["api"])
@@ -324,6 +329,11 @@ async def test_an_eviction_replays_from_its_record(
     assert record.message is not None and "Container main was using 900Mi" in record.message
     result = replay([header, *recorder.records])
     assert result.ok and result.evictions == 1
+    # The evicted pod's Failed/Evicted status is recorded with its inputs and re-decided.
+    evicted = [r for r in recorder.records
+               if isinstance(r, StatusRecord) and r.decided == "evicted"]
+    assert evicted and evicted[-1].status["reason"] == "Evicted"
+    assert result.statuses >= len(evicted)
     # Other figures (the modest pod now the one beyond its request) choose another pod.
     usage = {**record.usage, WEB: {**record.usage[WEB], "memory": 2048 * MiB,
                                    "container_memory": {"main": 2048 * MiB}},
@@ -357,7 +367,7 @@ async def test_a_local_storage_eviction_replays_from_its_record(
 ) -> None:
     """The storage check over the loop's real pods is recorded; replay re-checks it."""
     from tests.unit.test_eviction import MiB, pod_sample, storage_sample
-    from trio_kubelet.replay.records import StorageEvictionRecord
+    from trio_kubelet.recording.records import StorageEvictionRecord
     from trio_kubelet.resources.eviction import EvictionConfig, EvictionManager
 
     config = KubeletConfiguration()
@@ -378,7 +388,7 @@ async def test_a_local_storage_eviction_replays_from_its_record(
         await node.send.send(pod_set("api", web, api))
         await node.wait_for(API, is_running)
         evictions = EvictionManager(
-            EvictionConfig(thresholds=()), node.loop, lambda: sample,
+            EvictionConfig(thresholds=()), node.loop, lambda: sample, node.send.send,
             wall_clock=lambda: T0 + 1, stopped=node.store.is_stopped, recorder=recorder,
         )
         assert await evictions.synchronize() == (API,)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from trio_kubelet.replay.records import (
+from trio_kubelet.recording.records import (
     RECORD_ADAPTER,
     ContainerStart,
     DecisionRecord,

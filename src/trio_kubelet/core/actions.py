@@ -63,7 +63,8 @@ class PodActions:
     Indexes refer to positions in ``spec.init_containers``, ``spec.containers`` and
     ``spec.ephemeral_containers``; ``containers_to_kill`` is keyed by runtime container ID.
     ``reasons`` says, in words, which rule produced each decision (for ``explain``
-    and the replay trace); it is empty when there is nothing to do.
+    and the replay trace); it is empty when there is nothing to do. ``kill_pod_reason``
+    is why the pod is killed (also in ``reasons``), for the worker's log.
     """
 
     kill_pod: bool = False
@@ -75,6 +76,13 @@ class PodActions:
     containers_to_kill: dict[str, ContainerToKill] = field(default_factory=dict)
     ephemeral_containers_to_start: list[int] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    kill_pod_reason: str = ""
+
+    def kill_pod_because(self, why: str) -> None:
+        """Kill the pod, saying why (``reasons`` gets ``kill pod: <why>``)."""
+        self.kill_pod = True
+        self.kill_pod_reason = why
+        self.reasons.append(f"kill pod: {why}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +173,8 @@ def compute_pod_actions(
     if is_pod_deleting(pod):
         # Go leaves computePodActions for SyncTerminatingPod here: stop everything
         # (with the deletion's grace period), start nothing, make no sandbox.
-        actions.kill_pod = True
         actions.create_sandbox = False
-        actions.reasons.append("kill pod: the pod is being deleted")
+        actions.kill_pod_because("the pod is being deleted")
         return actions
     latest = _newest_instances(status)
     if change.create:
@@ -183,9 +190,8 @@ def compute_pod_actions(
     kept = _compute_regular_container_actions(pod, latest, liveness, startup, actions)
     if kept == 0 and not actions.containers_to_start:
         # Sidecars must not keep a pod alive once its regular containers are done.
-        actions.kill_pod = True
         actions.init_containers_to_start = []
-        actions.reasons.append("kill pod: no regular container is running or will start")
+        actions.kill_pod_because("no regular container is running or will start")
     return actions
 
 
@@ -208,9 +214,7 @@ def _plan_new_sandbox(
     spec = pod.spec
     if spec.restart_policy == "Never" and change.attempt != 0 and status.containers:
         actions.create_sandbox = False
-        actions.reasons.append(
-            f"kill pod: {change.reason}; policy Never and containers already ran"
-        )
+        actions.kill_pod_because(f"{change.reason}; policy Never and containers already ran")
         return
     run_once = spec.restart_policy == "OnFailure"
     candidates = [
@@ -220,8 +224,9 @@ def _plan_new_sandbox(
     ]
     if not candidates and any(c.name in latest for c in spec.containers):
         actions.create_sandbox = False
-        actions.reasons.append(f"kill pod: {change.reason}; every container succeeded")
+        actions.kill_pod_because(f"{change.reason}; every container succeeded")
         return
+    actions.kill_pod_reason = change.reason
     actions.reasons.append(
         f"kill pod and create sandbox (attempt {change.attempt}): {change.reason}"
     )
@@ -340,10 +345,9 @@ class _InitWalk:
         self.actions.reasons.append(f"start init container {name}: {why}")
 
     def kill_pod(self, name: str, why: str) -> bool:
-        self.actions.kill_pod = True
         self.actions.init_containers_to_start = []
         self.starts = []
-        self.actions.reasons.append(f"kill pod: init container {name} {why}; policy Never")
+        self.actions.kill_pod_because(f"init container {name} {why}; policy Never")
         return False
 
     def step(

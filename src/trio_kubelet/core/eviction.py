@@ -26,13 +26,12 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Literal
 
-from trio_kubelet.core.phase import is_static_pod
+from trio_kubelet.core.phase import MIRROR_ANNOTATION, is_static_pod
 from trio_kubelet.core.pod_cgroups import pod_limits, pod_requests
 from trio_kubelet.core.stats import FsUsage, PodSample, Sample, ephemeral_usage
 from trio_kubelet.core.timestamps import format_time
 from trio_kubelet.model.pod import Pod, PodCondition, PodStatus
-from trio_kubelet.model.quantity import QuantityError, parse_quantity
-from trio_kubelet.node.registration import format_quantity
+from trio_kubelet.model.quantity import QuantityError, format_quantity, parse_quantity
 
 MEMORY_AVAILABLE = "memory.available"
 ALLOCATABLE_MEMORY_AVAILABLE = "allocatableMemory.available"
@@ -100,7 +99,6 @@ REASON_THRESHOLD_MET = "EvictionThresholdMet"
 # Pods at or above this priority (system-cluster-critical and system-node-critical) are
 # critical: never evicted, always admitted.
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
-MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 # A hard threshold evicts at once: this grace overrides the pod's (the 2 s floor still holds).
 HARD_EVICTION_GRACE_SECONDS = 1
 # How often the manager looks, and how long it waits for an evicted pod to go away.

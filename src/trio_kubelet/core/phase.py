@@ -44,6 +44,7 @@ PodPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"]
 
 TERMINAL_PHASES: tuple[PodPhase, ...] = ("Succeeded", "Failed")
 CONFIG_SOURCE_ANNOTATION = "kubernetes.io/config.source"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 # Conditions the kubelet owns; any other condition in the pod's status is kept as is.
 KUBELET_CONDITIONS = frozenset(
     {"PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"}

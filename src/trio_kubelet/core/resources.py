@@ -5,13 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trio_kubelet.core.pod_cgroups import CPU_PERIOD_US, MIN_QUOTA_US, MIN_SHARES, SHARES_PER_CPU
 from trio_kubelet.model.pod import Container
 from trio_kubelet.model.quantity import parse_quantity
-
-CPU_PERIOD_US = 100_000
-MIN_SHARES = 2
-SHARES_PER_CPU = 1024
-MIN_QUOTA_US = 1000
 
 
 @dataclass(frozen=True, slots=True)

@@ -514,11 +514,13 @@ def summary_json(
 # -- Prometheus text ----------------------------------------------------------------------------
 
 
-def _escape_label(value: str) -> str:
+def escape_label(value: str) -> str:
+    """A label value as the Prometheus text format writes it."""
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-def _escape_help(text: str) -> str:
+def escape_help(text: str) -> str:
+    """A HELP text as the Prometheus text format writes it."""
     return text.replace("\\", r"\\").replace("\n", r"\n")
 
 
@@ -533,7 +535,7 @@ def _value(value: float) -> str:
 
 
 def _labels(pairs: Iterable[tuple[str, str]]) -> str:
-    return ",".join(f'{name}="{_escape_label(value)}"' for name, value in pairs)
+    return ",".join(f'{name}="{escape_label(value)}"' for name, value in pairs)
 
 
 class _Exposition:
@@ -548,7 +550,7 @@ class _Exposition:
 
     def family(self, name: str, kind: str, help: str) -> None:
         self._families.add(name)
-        self._lines.append(f"# HELP {name} {_escape_help(help)}")
+        self._lines.append(f"# HELP {name} {escape_help(help)}")
         self._lines.append(f"# TYPE {name} {kind}")
 
     def sample(

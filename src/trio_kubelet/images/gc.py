@@ -45,8 +45,8 @@ from trio_kubelet.core.image_gc import (
 from trio_kubelet.core.image_ref import InvalidImageReference, parse_image_reference
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
-from trio_kubelet.replay.recorder import Recorder
-from trio_kubelet.replay.records import ImageGCRecord
+from trio_kubelet.recording.recorder import Recorder
+from trio_kubelet.recording.records import ImageGCRecord
 from trio_kubelet.runtime.cri.runtime import v1
 from trio_kubelet.runtime.errors import CRIError
 from trio_kubelet.sources.sampler import statvfs

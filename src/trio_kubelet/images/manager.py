@@ -107,6 +107,7 @@ class ImageManager:
         registry_qps: float = 0.0,
         registry_burst: int = 1,
         metrics: AgentMetrics | None = None,
+        on_image_used: Callable[[str], None] | None = None,
     ) -> None:
         self._client = client
         # registryPullQPS / registryBurst: a pull beyond the rate fails ("pull QPS exceeded")
@@ -119,7 +120,7 @@ class ImageManager:
         self._pull_timeout = pull_timeout
         self._metrics = metrics
         #: Told the image ID of every image a container is about to use (image GC's lastUsed).
-        self.on_image_used: Callable[[str], None] | None = None
+        self._on_image_used = on_image_used
         #: Pulls running now, and how many are waiting for a slot (for tests and logs).
         self.pulls_running = 0
         self.pulls_waiting = 0
@@ -314,8 +315,8 @@ class ImageManager:
         return status.size if status is not None else 0
 
     def _used(self, image_id: str) -> str:
-        if self.on_image_used is not None and image_id:
-            self.on_image_used(image_id)
+        if self._on_image_used is not None and image_id:
+            self._on_image_used(image_id)
         return image_id
 
     def _event(

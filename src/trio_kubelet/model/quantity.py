@@ -12,6 +12,7 @@ import math
 import re
 from fractions import Fraction
 from functools import lru_cache
+from math import ceil
 
 _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
@@ -70,3 +71,30 @@ def is_quantity(value: str | int | float) -> bool:
     except QuantityError:
         return False
     return True
+
+
+_BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+_DECIMAL_SUFFIXES = {-9: "n", -6: "u", -3: "m", 0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P"}
+
+
+def format_quantity(value: Fraction | int, *, binary: bool = False) -> str:
+    """How Go's resource.Quantity prints ``value`` in its canonical form.
+
+    ``binary`` is Go's BinarySI format (bytes): a power-of-1024 suffix when the value is an
+    integer of at least 1024 (``16318420Ki``, ``56453061600``); otherwise DecimalSI: the
+    largest power-of-1000 suffix that keeps the number whole (``7900m``, ``8``, ``1k``).
+    """
+    value = Fraction(value)
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    magnitude = abs(value)
+    if binary and magnitude >= 1024 and magnitude.denominator == 1:
+        number, power = int(magnitude), 0
+        while number % 1024 == 0 and power < len(_BINARY_SUFFIXES) - 1:
+            number, power = number // 1024, power + 1
+        return f"{sign}{number}{_BINARY_SUFFIXES[power]}"
+    number, exponent = ceil(magnitude * 10**9), -9  # Go keeps nano precision, rounding up
+    while number % 1000 == 0 and exponent < 15:
+        number, exponent = number // 1000, exponent + 3
+    return f"{sign}{number}{_DECIMAL_SUFFIXES[exponent]}"

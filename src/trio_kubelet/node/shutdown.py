@@ -12,7 +12,7 @@ run no logind, and a D-Bus client would be a new dependency.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import trio
@@ -29,6 +29,7 @@ from trio_kubelet.core.shutdown import (
     shutdown_rounds,
     total_grace,
 )
+from trio_kubelet.events import Event, EvictPod, NodeConditions
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.model.pod import Pod
 
@@ -41,11 +42,9 @@ REPORT_TIMEOUT = 10.0
 
 
 class ShutdownPods(Protocol):
-    """What the shutdown needs from the sync loop."""
+    """What the shutdown reads of the sync loop: the pods to stop."""
 
     def active_pods(self) -> list[Pod]: ...
-
-    def evict(self, uid: str, message: str, grace: int, reason: str) -> bool: ...
 
 
 class NodeShutdownManager:
@@ -69,10 +68,12 @@ class NodeShutdownManager:
         self.node_name = node_name
         self.events = events
         self.shutting_down = False
-        # Told when the node starts shutting down (the node manager sends its status at once),
-        # and awaited once the pods have stopped (pod statuses and the node status sent).
-        self.on_shutdown: list[Callable[[], None]] = []
-        self.reports: list[Callable[[], Awaitable[None]]] = []
+        # Set when the node starts shutting down (the cluster side sends the node status at
+        # once) and when its pods have stopped (the cluster side sends the pod statuses and
+        # the node status, then sets ``reported``).
+        self.started = trio.Event()
+        self.pods_stopped = trio.Event()
+        self.reported = trio.Event()
 
     @property
     def enabled(self) -> bool:
@@ -82,25 +83,27 @@ class NodeShutdownManager:
         """Why the node is not Ready: "node is shutting down" once it is."""
         return SHUTTING_DOWN_ERROR if self.shutting_down else None
 
-    def admission_conditions(self) -> Sequence[str]:
-        """``NodeShutdown`` while shutting down: admission refuses every new pod."""
-        return (NODE_SHUTDOWN,) if self.shutting_down else ()
-
     async def shut_down(
-        self, pods: ShutdownPods, stopped: Callable[[str], bool]
+        self,
+        pods: ShutdownPods,
+        stopped: Callable[[str], bool],
+        send: Callable[[Event], Awaitable[None]],
+        *,
+        await_reports: bool,
     ) -> None:
         """Stop every active pod, round by round (lowest priority first): each pod with the
         round's grace (or its own, if shorter), the next round once all of this one have
-        stopped or the round's grace has run out."""
+        stopped or the round's grace has run out. ``send`` takes the sync loop's events;
+        with ``await_reports`` (a cluster side), wait a while for its final reports."""
         self.shutting_down = True
+        await send(NodeConditions(source="shutdown", conditions=[NODE_SHUTDOWN]))
         log.info("Node shutdown: stopping pods within %ds (%s)", total_grace(self.rounds),
                  ", ".join(f"priority >= {r.priority}: {r.grace_seconds}s" for r in self.rounds))
         if self.events is not None:
             self.events.node_event(
                 self.node_name, "Normal", NODE_SHUTDOWN, "Shutdown manager detected shutdown event"
             )
-        for notify in self.on_shutdown:
-            notify()
+        self.started.set()
         for round_, members in assign_rounds(self.rounds, pods.active_pods()):
             if not members:
                 continue
@@ -108,8 +111,9 @@ class NodeShutdownManager:
             for pod in members:
                 grace = pod_grace(pod, round_)
                 log.info("Node shutdown: killing pod %s with grace %ds", pod.full_name, grace)
-                if pods.evict(pod.metadata.uid, SHUTDOWN_MESSAGE, grace, SHUTDOWN_REASON):
-                    uids.append(pod.metadata.uid)
+                await send(EvictPod(pod_uid=pod.metadata.uid, message=SHUTDOWN_MESSAGE,
+                                    grace=grace, reason=SHUTDOWN_REASON))
+                uids.append(pod.metadata.uid)
             with trio.move_on_after(round_.grace_seconds) as waited:
                 while not all(stopped(uid) for uid in uids):
                     await trio.sleep(STOPPED_POLL)
@@ -119,7 +123,8 @@ class NodeShutdownManager:
             else:
                 log.info("Node shutdown: the %d pod(s) of priority >= %d have stopped",
                          len(uids), round_.priority)
-        with trio.move_on_after(REPORT_TIMEOUT):
-            for report in self.reports:
-                await report()
+        self.pods_stopped.set()
+        if await_reports:
+            with trio.move_on_after(REPORT_TIMEOUT):
+                await self.reported.wait()
         log.info("Node shutdown: done")

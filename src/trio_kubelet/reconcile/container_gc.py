@@ -28,8 +28,8 @@ from trio_kubelet.core.container_gc import (
 )
 from trio_kubelet.core.eviction import DISK_SIGNALS
 from trio_kubelet.core.observed import ContainerState, SandboxState
-from trio_kubelet.replay.recorder import Recorder
-from trio_kubelet.replay.records import ContainerGCRecord
+from trio_kubelet.recording.recorder import Recorder
+from trio_kubelet.recording.records import ContainerGCRecord
 from trio_kubelet.resources.cgroups import CgroupError, QOSCgroups
 from trio_kubelet.runtime.client import CRIClient
 from trio_kubelet.runtime.configs import container_log_path

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import trio
 
 from trio_kubelet.core.admission import Rejection, admit
-from trio_kubelet.core.eviction import REASON_EVICTED
 from trio_kubelet.events import (
     Event,
+    EvictPod,
+    NodeConditions,
+    OOMEvent,
     PodLifecycleEvent,
     PodSetUpdate,
     ProbeResultEvent,
@@ -27,8 +29,12 @@ from trio_kubelet.events import (
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.reconcile.podconfig import Change, PodConfig
 from trio_kubelet.reconcile.workers import PodWorker, WorkerContext
-from trio_kubelet.replay.records import AdmissionRecord, EventRecord, InFlightSpec, SnapshotRecord
-from trio_kubelet.sources.oom import OOMEvent
+from trio_kubelet.recording.records import (
+    AdmissionRecord,
+    EventRecord,
+    InFlightSpec,
+    SnapshotRecord,
+)
 
 log = logging.getLogger("trio_kubelet.sync")
 
@@ -48,10 +54,6 @@ class _NoProbes:
         pass
 
 
-def _no_conditions() -> Sequence[str]:
-    return ()
-
-
 class SyncLoop:
     def __init__(
         self,
@@ -61,11 +63,10 @@ class SyncLoop:
         sync_frequency: float = 60.0,
         probes: PodProbes | None = None,
         allowed_unsafe_sysctls: Sequence[str] = (),
-        node_conditions: Callable[[], Sequence[str]] = _no_conditions,
     ) -> None:
         self._ctx = ctx
-        # The eviction manager's pressure conditions, as admission reads them now.
-        self.node_conditions = node_conditions
+        # The latest node conditions of each manager that reports them (NodeConditions).
+        self._conditions: dict[str, tuple[str, ...]] = {}
         self._allowed_unsafe_sysctls = tuple(allowed_unsafe_sysctls)
         self._probes = probes if probes is not None else _NoProbes()
         self._sync_frequency = sync_frequency
@@ -134,6 +135,10 @@ class SyncLoop:
             self._on_relist(event)
         elif isinstance(event, ProbeResultEvent):
             self._on_probe(event)
+        elif isinstance(event, NodeConditions):
+            self._conditions[event.source] = tuple(event.conditions)
+        elif isinstance(event, EvictPod):
+            self._evict(event)
         elif isinstance(event, ResyncTick):
             # Spread over the period (deterministically by UID, so replays match),
             # not all pods at once: a burst of 110 syncs starves the relist.
@@ -166,6 +171,10 @@ class SyncLoop:
             worker.wake()
         elif event.pod_uid not in self._gone and event.type != "ContainerRemoved":
             self._apply(self.config.runtime_pod_seen(event.pod_uid), -1)
+
+    def node_conditions(self) -> tuple[str, ...]:
+        """The node conditions admission refuses pods by: every manager's latest."""
+        return tuple(c for conditions in self._conditions.values() for c in conditions)
 
     def existing_pods(self) -> set[str]:
         """UIDs of the pods that exist on the node: wanted by a source, or being torn down."""
@@ -264,17 +273,14 @@ class SyncLoop:
         worker = self.workers.get(uid)
         return worker.spec_seq if worker is not None else -1
 
-    def evict(self, uid: str, message: str, grace: int, reason: str = REASON_EVICTED) -> bool:
-        """Have the pod's worker kill it with ``grace`` and mark it Failed with ``reason``
-        (Evicted; Terminated for a node shutdown).
-
-        False when the pod is not active here (gone, refused or finished meanwhile).
-        """
-        worker = self.workers.get(uid)
+    def _evict(self, event: EvictPod) -> None:
+        """Have the pod's worker kill it and mark it Failed; a pod that is no longer active
+        here (gone, refused or finished since the eviction chose it) is left alone."""
+        worker = self.workers.get(event.pod_uid)
         if worker is None or worker.admitted_pod is None:
-            return False
-        worker.evict(message, grace, reason)
-        return True
+            log.info("Not evicting pod %s: no longer active", event.pod_uid)
+            return
+        worker.evict(event.message, event.grace, event.reason)
 
     async def _run_worker(self, worker: PodWorker) -> None:
         try:

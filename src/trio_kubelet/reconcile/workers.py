@@ -11,10 +11,12 @@ import contextlib
 import logging
 import math
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 import trio
 
@@ -51,9 +53,9 @@ from trio_kubelet.reconcile.container_setup import (
     prepare_container,
 )
 from trio_kubelet.reconcile.hooks import run_hook
-from trio_kubelet.replay.codec import actions_to_json, observed_to_json, probe_results_to_json
-from trio_kubelet.replay.recorder import Recorder
-from trio_kubelet.replay.records import (
+from trio_kubelet.recording.codec import actions_to_json, observed_to_json, probe_results_to_json
+from trio_kubelet.recording.recorder import Recorder
+from trio_kubelet.recording.records import (
     ContainerStart,
     DecisionRecord,
     StatusRecord,
@@ -78,7 +80,7 @@ ORPHAN_GRACE = 2
 REASON_FAILED_POST_START_HOOK = "FailedPostStartHook"
 
 
-@dataclass
+@dataclass(frozen=True)
 class WorkerContext:
     """What every pod worker shares: the runtime, the image manager, the status store, time."""
 
@@ -167,7 +169,7 @@ class PodWorker:
                 await self._wake_recv.receive()
             self._waiting = None
             self._requeue_at = math.inf
-            pod = self.pod
+            pod, spec_seq = self.pod, self.spec_seq
             try:
                 if pod is None:
                     await self._terminate()
@@ -175,7 +177,7 @@ class PodWorker:
                         return
                     next_sync = trio.current_time()
                 else:
-                    next_sync = await self._sync(pod)
+                    next_sync = await self._sync(pod, spec_seq)
             except CRIError as err:
                 log.warning(
                     "Error syncing pod %s (%s), retrying in %.0fs: %s",
@@ -186,7 +188,8 @@ class PodWorker:
                 )
                 if pod is not None and self._status is None:
                     # Never synced: still show the pod (Pending, ContainerCreating).
-                    self._publish(pod, RuntimePodStatus(uid=self.uid), self._ctx.clock.now(), {})
+                    self._publish(pod, spec_seq, RuntimePodStatus(uid=self.uid),
+                                  self._ctx.clock.now(), {})
                 next_sync = trio.current_time() + SYNC_ERROR_RETRY
             except Exception:  # a bug in one pod's sync must not take down the others
                 log.exception(
@@ -197,15 +200,14 @@ class PodWorker:
 
     # -- sync --------------------------------------------------------------------------------
 
-    async def _sync(self, pod: Pod) -> float:
+    async def _sync(self, pod: Pod, spec_seq: int) -> float:
         """One SyncPod: compute actions, execute them, publish the status; return requeue time."""
         if self.rejection is not None:
-            await self._sync_rejected(pod, self.rejection)
+            await self._sync_rejected(pod, spec_seq, self.rejection)
             return math.inf
         if self.eviction is not None:
-            await self._sync_evicted(pod, self.eviction)
+            await self._sync_evicted(pod, spec_seq, self.eviction)
             return math.inf
-        spec_seq = self.spec_seq
         self.syncing = (spec_seq, pod)
         try:
             return await self._sync_spec(pod, spec_seq)
@@ -219,7 +221,7 @@ class PodWorker:
         result = _SyncResult(now=ctx.clock.now())
         # As the Go kubelet: publish what is observed before acting, so a long kill
         # (grace periods) does not hide that a container already exited.
-        self._publish(pod, runtime, result.now, self._errors)
+        self._publish(pod, spec_seq, runtime, result.now, self._errors)
         liveness = ctx.probe_results.of(self.uid, ProbeType.LIVENESS)
         startup = ctx.probe_results.of(self.uid, ProbeType.STARTUP)
         if ctx.recorder is not None:  # the maps are live: copy what this decision saw
@@ -234,18 +236,19 @@ class PodWorker:
         self._errors = result.errors
         if changed:
             runtime = await inspect_pod(ctx.client, self.uid, pod=pod, messages=self._messages)
-        self._publish(pod, runtime, ctx.clock.now(), result.errors)
+        self._publish(pod, spec_seq, runtime, ctx.clock.now(), result.errors)
         return result.requeue_at
 
-    async def _sync_rejected(self, pod: Pod, rejection: Rejection) -> None:
+    async def _sync_rejected(self, pod: Pod, spec_seq: int, rejection: Rejection) -> None:
         """Keep a refused pod from running (it may have run before an agent restart)."""
         runtime = await inspect_pod(self._ctx.client, self.uid)
         if runtime.containers or runtime.sandboxes:
             await self._kill_pod(pod, runtime)
             runtime = await inspect_pod(self._ctx.client, self.uid)
-        self._set_status(pod, rejected_status(pod, rejection), runtime)
+        self._set_status(pod, rejected_status(pod, rejection), runtime, lambda: self._status_fields(
+            "rejected", spec_seq, reason=rejection.reason, message=rejection.message))
 
-    async def _sync_evicted(self, pod: Pod, eviction: Eviction) -> None:
+    async def _sync_evicted(self, pod: Pod, spec_seq: int, eviction: Eviction) -> None:
         """Report an evicted pod Failed/Evicted, stop it with the eviction's grace, report again.
 
         The grace goes in as the pod's deletion grace period, which every kill path takes
@@ -253,18 +256,18 @@ class PodWorker:
         """
         ctx = self._ctx
         runtime = await inspect_pod(ctx.client, self.uid, pod=pod, messages=self._messages)
-        self._set_status(pod, self._evicted_status(pod, runtime, eviction), runtime)
+        self._set_evicted_status(pod, spec_seq, runtime, eviction)
         running = any(c.state is ContainerState.RUNNING for c in runtime.containers)
         if running or any(s.state is SandboxState.READY for s in runtime.sandboxes):
             doomed = pod.model_copy(deep=True)
             doomed.metadata.deletion_grace_period_seconds = eviction.grace
             await self._kill_pod(doomed, runtime)
             runtime = await inspect_pod(ctx.client, self.uid, pod=pod, messages=self._messages)
-            self._set_status(pod, self._evicted_status(pod, runtime, eviction), runtime)
+            self._set_evicted_status(pod, spec_seq, runtime, eviction)
 
-    def _evicted_status(
-        self, pod: Pod, runtime: RuntimePodStatus, eviction: Eviction
-    ) -> PodStatus:
+    def _set_evicted_status(
+        self, pod: Pod, spec_seq: int, runtime: RuntimePodStatus, eviction: Eviction
+    ) -> None:
         ctx = self._ctx
         now = ctx.clock.now()
         status = compute_pod_status(
@@ -278,7 +281,10 @@ class PodWorker:
             runtime_name=ctx.runtime_name,
             pod_is_terminal=True,
         )
-        return evicted_status(status, eviction.message, now, eviction.reason)
+        status = evicted_status(status, eviction.message, now, eviction.reason)
+        self._set_status(pod, status, runtime, lambda: self._status_fields(
+            "evicted", spec_seq, runtime, now=now, terminal=True, reason=eviction.reason,
+            message=eviction.message))
 
     def _record_decision(
         self,
@@ -319,14 +325,7 @@ class PodWorker:
                 "Killing pod %s (%s): %s",
                 pod.full_name,
                 self.uid,
-                next(
-                    (
-                        r.removeprefix("kill pod: ")
-                        for r in actions.reasons
-                        if r.startswith("kill pod")
-                    ),
-                    "the sandbox changed",
-                ),
+                actions.kill_pod_reason or "the sandbox changed",
             )
             await self._kill_pod(pod, runtime)
             if actions.create_sandbox:
@@ -831,7 +830,8 @@ class PodWorker:
     # -- status -----------------------------------------------------------------------------
 
     def _publish(
-        self, pod: Pod, runtime: RuntimePodStatus, now: float, errors: dict[str, tuple[str, str]]
+        self, pod: Pod, spec_seq: int, runtime: RuntimePodStatus, now: float,
+        errors: dict[str, tuple[str, str]],
     ) -> None:
         ctx = self._ctx
         status = compute_pod_status(
@@ -845,13 +845,38 @@ class PodWorker:
             host_ip=ctx.node_ip,
             runtime_name=ctx.runtime_name,
         )
-        self._set_status(pod, status, runtime)
+        self._set_status(pod, status, runtime, lambda: self._status_fields(
+            "sync", spec_seq, runtime, now=now, errors=errors))
 
-    def _set_status(self, pod: Pod, status: PodStatus, runtime: RuntimePodStatus) -> None:
+    def _status_fields(
+        self, decided: str, spec_seq: int, runtime: RuntimePodStatus | None = None, *,
+        now: float = 0.0, errors: Mapping[str, tuple[str, str]] = MappingProxyType({}),
+        terminal: bool = False, reason: str = "", message: str = "",
+    ) -> dict[str, Any]:
+        """A status decision's inputs as its record holds them (read before the status is
+        set: ``prior`` is whether one was published before)."""
+        ctx = self._ctx
+        return {
+            "decided": decided, "spec_seq": spec_seq, "now": now,
+            "observed": observed_to_json(runtime) if runtime is not None else {},
+            "prior": self._status is not None, "errors": dict(errors),
+            "readiness": probe_results_to_json(ctx.probe_results.of(self.uid, ProbeType.READINESS)),
+            "startup": probe_results_to_json(ctx.probe_results.of(self.uid, ProbeType.STARTUP)),
+            "host_ip": ctx.node_ip, "runtime_name": ctx.runtime_name, "terminal": terminal,
+            "reason": reason, "message": message,
+        }
+
+    def _set_status(
+        self, pod: Pod, status: PodStatus, runtime: RuntimePodStatus,
+        inputs: Callable[[], dict[str, Any]],
+    ) -> None:
+        """Publish ``status``; a changed one is recorded with ``inputs()`` (how it was decided)."""
         ctx = self._ctx
         if ctx.recorder is not None and status != self._status:
-            t, name, wire = trio.current_time(), pod.full_name, status.to_api()
-            ctx.recorder.add(lambda: StatusRecord(t=t, uid=self.uid, pod=name, status=wire))
+            t, name, wire, fields = trio.current_time(), pod.full_name, status.to_api(), inputs()
+            ctx.recorder.add(
+                lambda: StatusRecord(t=t, uid=self.uid, pod=name, status=wire, **fields)
+            )
         self._status = status
         stopped = not any(
             c.state is ContainerState.RUNNING for c in runtime.containers

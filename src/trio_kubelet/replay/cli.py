@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import shutil
 import sys
 import tempfile
@@ -15,8 +14,8 @@ from typing import TextIO
 import trio
 import trio.testing
 
+from trio_kubelet.recording.records import Record
 from trio_kubelet.replay.reader import NumberedRecord, RecordingError, RecordingReader
-from trio_kubelet.replay.records import Record
 from trio_kubelet.replay.replayer import (
     DecisionTrace,
     Divergence,
@@ -28,7 +27,6 @@ PROG = "trio-kubelet"
 EXIT_OK = 0
 EXIT_DIVERGED = 1
 EXIT_ERROR = 2
-TIMELINE_MODULE = "trio_kubelet.replay.timeline"
 TO_STDOUT = "-"
 
 Renderer = Callable[[Sequence[Record], Path], None]
@@ -39,15 +37,11 @@ def _error(message: str) -> int:
     return EXIT_ERROR
 
 
-def _timeline_renderer() -> Renderer | None:
-    try:
-        module = importlib.import_module(TIMELINE_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name != TIMELINE_MODULE:
-            raise
-        return None
-    render: Renderer | None = getattr(module, "render_timeline", None)
-    return render
+def _timeline_renderer() -> Renderer:
+    """The timeline renderer, imported only when a timeline is asked for (it is large)."""
+    from trio_kubelet.replay.timeline import render_timeline
+
+    return render_timeline
 
 
 def format_trace_line(entry: DecisionTrace) -> str:
@@ -112,10 +106,6 @@ def replay_main(args: argparse.Namespace) -> int:
     render: Renderer | None = None
     if args.timeline is not None:
         render = _timeline_renderer()
-        if render is None:
-            return _error(
-                f"--timeline is not available in this build ({TIMELINE_MODULE} is missing)"
-            )
     reader = RecordingReader(Path(args.file))
     kept: list[Record] | None = [] if render is not None else None
     run = partial(
@@ -152,7 +142,7 @@ def replay_main(args: argparse.Namespace) -> int:
         print(
             f"replay OK: {result.decisions} decisions, {result.admissions} admissions, "
             f"{result.evictions} evictions, {result.gc_passes} GC passes, "
-            f"{result.gates} gates re-checked, no divergence",
+            f"{result.gates} gates, {result.statuses} pod statuses re-checked, no divergence",
             file=out,
         )
     return EXIT_OK

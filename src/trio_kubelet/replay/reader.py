@@ -1,6 +1,6 @@
 """Reading a recording back: one record per line, with errors that name the line and the field.
 
-A recording is JSON Lines written by ``replay.recorder``. The first line is a
+A recording is JSON Lines written by ``recording.recorder``. The first line is a
 header whose ``format`` this reader must understand. A last line that is cut off
 (no newline and not JSON: the agent died mid-write) ends the recording with a
 warning; any other bad line is an error naming its line number, and for a record
@@ -14,44 +14,20 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
-from trio_kubelet.replay.records import (
+from trio_kubelet.recording.records import (
     FORMAT_VERSION,
-    AdmissionRecord,
-    AssessRecord,
-    ContainerGCRecord,
-    CRIRecord,
-    DecisionRecord,
-    EventRecord,
-    EvictionRecord,
     Header,
-    ImageGCRecord,
     Record,
-    SnapshotRecord,
-    StatusRecord,
-    StorageEvictionRecord,
-    TeardownRecord,
 )
 
 # Dispatching on ``kind`` by hand is faster than the discriminated union, and the
 # field paths in errors do not start with the tag.
 _MODELS: dict[str, type[BaseModel]] = {
-    "header": Header,
-    "event": EventRecord,
-    "snapshot": SnapshotRecord,
-    "cri": CRIRecord,
-    "decision": DecisionRecord,
-    "admission": AdmissionRecord,
-    "eviction": EvictionRecord,
-    "assess": AssessRecord,
-    "storage_eviction": StorageEvictionRecord,
-    "container_gc": ContainerGCRecord,
-    "image_gc": ImageGCRecord,
-    "status": StatusRecord,
-    "teardown": TeardownRecord,
+    model.model_fields["kind"].default: model for model in get_args(get_args(Record)[0])
 }
 
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 import trio.testing
@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from trio_kubelet.config import ConfigError, KubeletConfiguration
 from trio_kubelet.core.actions import PodActions, compute_pod_actions
-from trio_kubelet.core.admission import admit
+from trio_kubelet.core.admission import Rejection, admit, rejected_status
 from trio_kubelet.core.backoff import (
     Backoff,
     BackoffEntry,
@@ -44,6 +44,7 @@ from trio_kubelet.core.eviction import (
     Threshold,
     assess,
     choose_victim,
+    evicted_status,
     storage_overruns,
 )
 from trio_kubelet.core.image_gc import (
@@ -63,13 +64,17 @@ from trio_kubelet.core.observed import (
     RuntimePodStatus,
     SandboxState,
 )
+from trio_kubelet.core.phase import compute_pod_status
 from trio_kubelet.events import EVENT_ADAPTER, PodSetUpdate
 from trio_kubelet.images.gc import image_gc_policy
-from trio_kubelet.model.pod import Container, Pod
+from trio_kubelet.model.pod import Container, Pod, PodStatus
 from trio_kubelet.reconcile.podconfig import PodConfig
-from trio_kubelet.replay.codec import actions_to_json, observed_from_json, probe_results_from_json
-from trio_kubelet.replay.reader import NumberedRecord, RecordingError, field_path
-from trio_kubelet.replay.records import (
+from trio_kubelet.recording.codec import (
+    actions_to_json,
+    observed_from_json,
+    probe_results_from_json,
+)
+from trio_kubelet.recording.records import (
     AdmissionRecord,
     AssessRecord,
     ContainerGCRecord,
@@ -81,8 +86,10 @@ from trio_kubelet.replay.records import (
     ImageGCRecord,
     Record,
     SnapshotRecord,
+    StatusRecord,
     StorageEvictionRecord,
 )
+from trio_kubelet.replay.reader import NumberedRecord, RecordingError, field_path
 from trio_kubelet.resources.eviction import EvictionConfig
 
 # How far trio's clock may lag behind the record being replayed (see replay_in_virtual_time).
@@ -127,6 +134,7 @@ class ReplayResult:
     records: int = 0
     events: int = 0
     decisions: int = 0
+    statuses: int = 0  # pod statuses re-decided
     admissions: int = 0
     evictions: int = 0
     gc_passes: int = 0  # container and image GC passes that removed something
@@ -138,6 +146,48 @@ class ReplayResult:
     @property
     def ok(self) -> bool:
         return self.divergences == 0
+
+
+#: Every record kind the replay acts on, registered once (``@_replays``) with the method
+#: that applies it (events, snapshots) or re-decides it with the pure core and explains it
+#: in the trace (every decision kind); ``Replayer.feed`` dispatches on the record's type.
+_HANDLERS: dict[type[Any], Callable[[Replayer, int, float, Any], None]] = {}
+
+_R = TypeVar("_R")
+
+
+def _replays(
+    kind: type[_R],
+) -> Callable[[Callable[[Replayer, int, float, _R], None]],
+              Callable[[Replayer, int, float, _R], None]]:
+    def register(
+        handler: Callable[[Replayer, int, float, _R], None],
+    ) -> Callable[[Replayer, int, float, _R], None]:
+        _HANDLERS[kind] = handler
+        return handler
+
+    return register
+
+
+def _redecide_status(pod: Pod, record: StatusRecord, previous: PodStatus | None) -> PodStatus:
+    """The status the worker's pure functions give for the recorded inputs."""
+    if record.decided == "rejected":
+        return rejected_status(pod, Rejection(record.reason, record.message))
+    status = compute_pod_status(
+        pod,
+        observed_from_json(record.observed),
+        now=record.now,
+        previous=previous,
+        sync_errors=record.errors,
+        readiness=probe_results_from_json(record.readiness),
+        startup=probe_results_from_json(record.startup),
+        host_ip=record.host_ip,
+        runtime_name=record.runtime_name,
+        pod_is_terminal=record.terminal,
+    )
+    if record.decided == "evicted":
+        status = evicted_status(status, record.message, record.now, record.reason)
+    return status
 
 
 def json_diff(expected: Any, actual: Any) -> str:
@@ -164,6 +214,7 @@ class Replayer:
         self._pod_matches: dict[str, bool] = {}
         self._eviction_config: EvictionConfig | None = None
         self._image_gc_policy: ImageGCPolicy | None = None
+        self._statuses: dict[str, PodStatus] = {}  # each pod's last recorded status
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -193,27 +244,13 @@ class Replayer:
         result = self.result
         result.records += 1
         result.end = max(result.end, t)
-        if isinstance(record, DecisionRecord):
-            self._decision(line, t, record)
-        elif isinstance(record, AdmissionRecord):
-            self._admission(line, t, record)
-        elif isinstance(record, EvictionRecord):
-            self._evict(line, t, record)
-        elif isinstance(record, AssessRecord):
-            self._assess(line, t, record)
-        elif isinstance(record, StorageEvictionRecord):
-            self._storage_eviction(line, t, record)
-        elif isinstance(record, ContainerGCRecord):
-            self._container_gc(line, t, record)
-        elif isinstance(record, ImageGCRecord):
-            self._image_gc(line, t, record)
-        elif isinstance(record, EventRecord):
-            self._event(line, record)
-            result.events += 1
-        elif isinstance(record, SnapshotRecord):
-            self._snapshot(line, record)
+        handler = _HANDLERS.get(type(record))
+        if handler is not None:
+            handler(self, line, t, record)
 
-    def _event(self, line: int, record: EventRecord) -> None:
+    @_replays(EventRecord)
+    def _event(self, line: int, t: float, record: EventRecord) -> None:
+        self.result.events += 1
         try:
             event = EVENT_ADAPTER.validate_python(record.event)
         except ValidationError as err:
@@ -223,7 +260,8 @@ class Replayer:
                 if change.pod is not None:
                     self._versions[(change.uid, record.seq)] = change.pod
 
-    def _snapshot(self, line: int, record: SnapshotRecord) -> None:
+    @_replays(SnapshotRecord)
+    def _snapshot(self, line: int, t: float, record: SnapshotRecord) -> None:
         """Start over from the pod sets a rotated file begins with."""
         config = PodConfig(self.header.sources if self.header else ())
         for source, wire_pods in record.pod_sets.items():
@@ -250,6 +288,7 @@ class Replayer:
 
     # -- decisions ----------------------------------------------------------------------------
 
+    @_replays(DecisionRecord)
     def _decision(self, line: int, t: float, record: DecisionRecord) -> None:
         if self.pod is not None and not self._wanted(record.pod):
             return
@@ -310,6 +349,37 @@ class Replayer:
             )
         )
 
+    @_replays(StatusRecord)
+    def _status(self, line: int, t: float, record: StatusRecord) -> None:
+        """Re-decide a published pod status from the inputs recorded with it."""
+        previous = self._statuses.get(record.uid) if record.prior else None
+        try:
+            self._statuses[record.uid] = PodStatus.model_validate(record.status)
+        except ValidationError as err:
+            raise RecordingError(line, _describe("status", err)) from None
+        if record.decided is None or (record.prior and previous is None):
+            return  # recorded without its inputs, or its previous status is not in the file
+        if self.pod is not None and not self._wanted(record.pod):
+            return
+        self.result.statuses += 1
+        pod = self._versions.get((record.uid, record.spec_seq))
+        if pod is None:
+            self._diverge(line, record.pod, f"the spec of pod {record.pod} ({record.uid}) set "
+                          f"by event seq {record.spec_seq} is not in the recording",
+                          record.status, {})
+            return
+        try:
+            replayed = _redecide_status(pod, record, previous).to_api()
+        except (KeyError, ValueError, TypeError) as err:
+            raise RecordingError(line, f"status: inputs: {err}") from None
+        if replayed != record.status:
+            self._diverge(line, record.pod, "the replayed pod status differs from the recorded one",
+                          record.status, replayed)
+            summary = f"status: {replayed.get('phase')} (recorded {record.status.get('phase')})"
+            self.result.trace.append(
+                DecisionTrace(line, t, record.pod, record.uid, summary, diverged=True))
+
+    @_replays(AdmissionRecord)
     def _admission(self, line: int, t: float, record: AdmissionRecord) -> None:
         """Re-decide whether the pod was admitted, from its spec and the admitted pods' specs."""
         if self.pod is not None and not self._wanted(record.pod):
@@ -360,6 +430,7 @@ class Replayer:
             DecisionTrace(line, t, record.pod, record.uid, summary, diverged=diverged)
         )
 
+    @_replays(EvictionRecord)
     def _evict(self, line: int, t: float, record: EvictionRecord) -> None:
         """Re-choose the evicted pod from the recorded figures and the pods' spec versions."""
         self.result.evictions += 1
@@ -405,6 +476,7 @@ class Replayer:
         uid = victim.pod.metadata.uid if victim else ""
         self.result.trace.append(DecisionTrace(line, t, pod, uid, summary, diverged=diverged))
 
+    @_replays(AssessRecord)
     def _assess(self, line: int, t: float, record: AssessRecord) -> None:
         """Re-decide an eviction round's verdict from the figures and the state it began with."""
         if self.pod is not None:
@@ -453,6 +525,7 @@ class Replayer:
             return None
         return [self._versions[key] for key in candidates.items()]
 
+    @_replays(StorageEvictionRecord)
     def _storage_eviction(self, line: int, t: float, record: StorageEvictionRecord) -> None:
         """Re-check the pods' local storage limits from the recorded figures and specs."""
         self.result.evictions += len(record.overruns) - len(record.refused)
@@ -477,6 +550,7 @@ class Replayer:
                 line, t, pod.full_name, pod.metadata.uid,
                 f"evict ({overrun.limit}): {overrun.message}", diverged=diverged))
 
+    @_replays(ContainerGCRecord)
     def _container_gc(self, line: int, t: float, record: ContainerGCRecord) -> None:
         """Re-plan a container GC pass from the runtime's containers and sandboxes it saw."""
         if self.pod is not None:
@@ -520,6 +594,7 @@ class Replayer:
         self._gc_trace(line, t, "the replayed container GC plan differs from the recorded one",
                        recorded, replayed, summary)
 
+    @_replays(ImageGCRecord)
     def _image_gc(self, line: int, t: float, record: ImageGCRecord) -> None:
         """Re-choose an image GC pass's removals, by age and for space, from its records."""
         if self.pod is not None:

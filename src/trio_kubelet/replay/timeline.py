@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trio_kubelet.core.container_ids import runtime_id
-from trio_kubelet.replay.records import (
+from trio_kubelet.recording.records import (
     ContainerStart,
     DecisionRecord,
     EventRecord,

@@ -29,6 +29,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from trio_kubelet.core.pod_cgroups import CPU_PERIOD_US
 from trio_kubelet.core.stats import CgroupFigures, memory_limit, working_set
 
 __all__ = [
@@ -51,7 +52,6 @@ __all__ = [
 ]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-DEFAULT_CPU_PERIOD_US = 100_000  # what the kernel (and runc) take for cpu.max's period
 
 
 class CgroupMode(enum.Enum):
@@ -326,7 +326,7 @@ def set_cpu(path: Path, weight: int | None, quota: int | None, period: int | Non
         write_control(path / "cpu.weight", str(weight))
     if quota is not None or period is not None:
         limit = str(quota) if quota is not None and quota > 0 else "max"
-        write_control(path / "cpu.max", f"{limit} {period or DEFAULT_CPU_PERIOD_US}")
+        write_control(path / "cpu.max", f"{limit} {period or CPU_PERIOD_US}")
 
 
 def set_hugetlb(path: Path, limits: Mapping[int, int], default: int) -> None:

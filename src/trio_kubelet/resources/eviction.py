@@ -55,11 +55,12 @@ from trio_kubelet.core.eviction import (
     thresholds_met,
 )
 from trio_kubelet.core.stats import Sample
+from trio_kubelet.events import Event, EvictPod, NodeConditions
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.pod import Pod
-from trio_kubelet.replay.recorder import Recorder
-from trio_kubelet.replay.records import AssessRecord, EvictionRecord, StorageEvictionRecord
+from trio_kubelet.recording.recorder import Recorder
+from trio_kubelet.recording.records import AssessRecord, EvictionRecord, StorageEvictionRecord
 
 __all__ = ["EvictionConfig", "EvictionManager", "EvictionPods", "NodeReclaimer", "NodeReclaimers"]
 
@@ -92,13 +93,11 @@ class NodeReclaimers:
 
 
 class EvictionPods(Protocol):
-    """The pods eviction chooses from and the way to evict one (the sync loop has both)."""
+    """The pods eviction chooses from, as the sync loop has them."""
 
     def active_pods(self) -> list[Pod]: ...
 
     def spec_seq(self, uid: str) -> int: ...
-
-    def evict(self, uid: str, message: str, grace: int) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -159,6 +158,7 @@ class EvictionManager:
         config: EvictionConfig,
         pods: EvictionPods,
         latest_sample: Callable[[], Sample | None],
+        send: Callable[[Event], Awaitable[None]],
         *,
         wall_clock: Callable[[], float],
         stopped: Callable[[str], bool],
@@ -181,7 +181,8 @@ class EvictionManager:
         self._stopped = stopped
         self._events = events if events is not None else EventRecorder()
         self._metrics = metrics
-        self.reclaimer = reclaimer  # image and container GC, once wired
+        self._send = send
+        self._reclaimer = reclaimer
         self._refresh = refresh
         self._recorder = recorder
 
@@ -246,11 +247,11 @@ class EvictionManager:
             assessment.conditions != self.conditions or assessment.actionable
         ):
             self._record_assessment(observations, assessment, now)
-        self._update_conditions(assessment.conditions)
+        await self._update_conditions(assessment.conditions)
         self.state = assessment.state
         dedicated = dedicated_image_fs(sample)
         if config.local_storage_capacity_isolation:
-            overrun = self._evict_storage_overruns(sample, dedicated=dedicated)
+            overrun = await self._evict_storage_overruns(sample, dedicated=dedicated)
             if overrun:
                 return overrun
         threshold, resource = assessment.threshold, assessment.resource
@@ -264,30 +265,33 @@ class EvictionManager:
         if await self._reclaim_node_level(threshold, dedicated=dedicated):
             log.info("Eviction manager: reduced %s pressure without evicting pods", resource)
             return ()
-        victim = self._evict_one(sample, assessment, observations, dedicated=dedicated)
+        victim = await self._evict_one(sample, assessment, observations, dedicated=dedicated)
         return () if victim is None else (victim,)
 
-    def _evict_storage_overruns(self, sample: Sample, *, dedicated: bool) -> tuple[str, ...]:
+    async def _evict(self, pod: Pod, message: str, grace: int) -> None:
+        """Hand the pod to the sync loop to kill and mark Failed (Evicted)."""
+        await self._send(EvictPod(pod_uid=pod.metadata.uid, message=message, grace=grace,
+                                  reason=REASON_EVICTED))
+        self._events.pod_event(pod, "Warning", REASON_EVICTED, message)
+
+    async def _evict_storage_overruns(self, sample: Sample, *, dedicated: bool) -> tuple[str, ...]:
         """Evict every pod past its own local storage limits, at once (Go's grace: 1 s)."""
         pods = [p for p in self._pods.active_pods() if has_storage_limits(p)]
         if not pods:
             return ()
         usage = storage_usage(sample, {p.metadata.uid for p in pods})
         overruns = storage_overruns(pods, usage, dedicated_image_fs=dedicated)
-        evicted, refused = [], []
+        if overruns and self._recorder is not None:
+            self._record_overruns(pods, usage, overruns, dedicated=dedicated)
+        evicted = []
         for overrun in overruns:
             pod, uid = overrun.pod, overrun.pod.metadata.uid
-            if not self._pods.evict(uid, overrun.message, HARD_EVICTION_GRACE_SECONDS):
-                refused.append(uid)  # gone or finished meanwhile
-                continue
-            self._events.pod_event(pod, "Warning", REASON_EVICTED, overrun.message)
+            await self._evict(pod, overrun.message, HARD_EVICTION_GRACE_SECONDS)
             log.info("Eviction manager: evicting pod %s (%s): %s", pod.full_name, uid,
                      overrun.message)
             if self._metrics is not None:
                 self._metrics.evictions.labels(overrun.limit).inc()
             evicted.append(uid)
-        if overruns and self._recorder is not None:
-            self._record_overruns(pods, usage, overruns, refused, dedicated=dedicated)
         return tuple(evicted)
 
     def _record_assessment(
@@ -316,7 +320,6 @@ class EvictionManager:
         pods: list[Pod],
         usage: dict[str, StorageUsage],
         overruns: list[StorageOverrun],
-        refused: list[str],
         *,
         dedicated: bool,
     ) -> None:
@@ -332,27 +335,29 @@ class EvictionManager:
                 usage={uid: dataclasses.asdict(u) for uid, u in usage.items()
                        if uid in candidates},
                 overruns=[(o.pod.metadata.uid, o.limit, o.message) for o in overruns],
-                refused=refused,
             )
         )
 
-    def _update_conditions(self, conditions: tuple[str, ...]) -> None:
-        if conditions != self.conditions:
-            log.info(
-                "Eviction manager: node conditions now %s (were %s)",
-                list(conditions) or "none",
-                list(self.conditions) or "none",
-            )
+    async def _update_conditions(self, conditions: tuple[str, ...]) -> None:
+        """Keep the conditions for the node status; tell admission (the sync loop) a change."""
+        if conditions == self.conditions:
+            return
+        log.info(
+            "Eviction manager: node conditions now %s (were %s)",
+            list(conditions) or "none",
+            list(self.conditions) or "none",
+        )
         self.conditions = conditions
+        await self._send(NodeConditions(source="eviction", conditions=list(conditions)))
 
     async def _reclaim_node_level(self, threshold: Threshold, *, dedicated: bool) -> bool:
         """Image and container GC for disk signals; True when that resolved every threshold."""
-        if self.reclaimer is None or not node_reclaim_applies(
+        if self._reclaimer is None or not node_reclaim_applies(
             threshold.signal, dedicated_image_fs=dedicated
         ):
             return False
         try:
-            await self.reclaimer.reclaim(threshold.signal)
+            await self._reclaimer.reclaim(threshold.signal)
         except Exception:
             log.exception("Eviction manager: node-level reclaim for %s failed", threshold.signal)
         sample = await self._sample_after(self._wall_clock())
@@ -374,7 +379,7 @@ class EvictionManager:
                 await trio.sleep(_SAMPLE_POLL)
         return None
 
-    def _evict_one(
+    async def _evict_one(
         self,
         sample: Sample,
         assessment: Assessment,
@@ -396,29 +401,21 @@ class EvictionManager:
                 for p in rank_pods(threshold.signal, pods, usage, dedicated_image_fs=dedicated)
             ),
         )
-        refused: list[str] = []
-        while True:
-            victim = choose_victim(
-                threshold,
-                assessment.actionable,
-                observations,
-                pods,
-                usage,
-                dedicated_image_fs=dedicated,
-                max_pod_grace_period=self.config.max_pod_grace_period,
-                refused=refused,
-            )
-            if victim is None or self._pods.evict(
-                victim.pod.metadata.uid, victim.message, victim.grace
-            ):
-                break
-            refused.append(victim.pod.metadata.uid)
-        self._record(assessment, observations, pods, usage, refused, victim, dedicated=dedicated)
+        victim = choose_victim(
+            threshold,
+            assessment.actionable,
+            observations,
+            pods,
+            usage,
+            dedicated_image_fs=dedicated,
+            max_pod_grace_period=self.config.max_pod_grace_period,
+        )
+        self._record(assessment, observations, pods, usage, victim, dedicated=dedicated)
         if victim is None:
             log.info("Eviction manager: unable to evict any pods from the node")
             return None
         pod, uid = victim.pod, victim.pod.metadata.uid
-        self._events.pod_event(pod, "Warning", REASON_EVICTED, victim.message)
+        await self._evict(pod, victim.message, victim.grace)
         log.info(
             "Eviction manager: evicting pod %s (%s) with %ds grace: %s",
             pod.full_name, uid, victim.grace, victim.message,
@@ -433,7 +430,6 @@ class EvictionManager:
         observations: dict[str, Observation],
         pods: list[Pod],
         usage: dict[str, PodUsage],
-        refused: list[str],
         victim: Victim | None,
         *,
         dedicated: bool,
@@ -452,7 +448,6 @@ class EvictionManager:
                 dedicated_image_fs=dedicated,
                 candidates=candidates,
                 usage={uid: dataclasses.asdict(u) for uid, u in usage.items() if uid in candidates},
-                refused=list(refused),
                 uid=victim.pod.metadata.uid if victim else None,
                 message=victim.message if victim else None,
                 grace=victim.grace if victim else None,

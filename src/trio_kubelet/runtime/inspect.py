@@ -30,9 +30,9 @@ from ..core.observed import (
 )
 from ..core.pleg import RuntimeEvent, RuntimeEventType
 from ..model.pod import Container, Pod
-from ..server.crilog import LogOptions, open_log, read_log
 from .cri.runtime import v1
 from .cri_upb.runtime.v1 import api_pb2 as upb
+from .crilog import LogOptions, open_log, read_log
 from .errors import CRINotFound
 from .labels import (
     CONTAINER_HASH,

@@ -26,8 +26,7 @@ from trio_kubelet.core.container_ids import runtime_id
 from trio_kubelet.model.pod import ContainerStatus, Pod
 from trio_kubelet.runtime.configs import container_log_path, pod_log_directory
 from trio_kubelet.runtime.cri.runtime import v1
-from trio_kubelet.runtime.errors import CRIError, CRINotFound
-from trio_kubelet.server.crilog import (
+from trio_kubelet.runtime.crilog import (
     BLOCK_SIZE,
     LogQueryError,
     go_quote,
@@ -35,6 +34,7 @@ from trio_kubelet.server.crilog import (
     open_log,
     read_log,
 )
+from trio_kubelet.runtime.errors import CRIError, CRINotFound
 from trio_kubelet.server.view import NodeView
 
 __all__ = ["logs_blueprint", "text_error"]

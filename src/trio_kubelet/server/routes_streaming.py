@@ -35,8 +35,8 @@ from trio_kubelet.core.container_ids import runtime_id
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.cri.runtime import v1
+from trio_kubelet.runtime.crilog import go_quote
 from trio_kubelet.runtime.errors import CRIError, CRINotFound, CRIResourceExhausted
-from trio_kubelet.server.crilog import go_quote
 from trio_kubelet.server.idle import IdleTimer
 from trio_kubelet.server.routes_logs import text_error
 from trio_kubelet.server.spdy_proxy import RAW_UPGRADE, RawUpgrade, UpstreamError, dial_upgrade

@@ -26,14 +26,13 @@ from trio_kubelet.apiserver.client import JSON, APIClient, WatchEvent
 from trio_kubelet.apiserver.object_cache import ObjectCache
 from trio_kubelet.apiserver.reflector import Reflector
 from trio_kubelet.config import describe_validation_error
+from trio_kubelet.core.phase import CONFIG_SOURCE_ANNOTATION, MIRROR_ANNOTATION
 from trio_kubelet.events import Event, ManifestProblem, PodSetUpdate
 from trio_kubelet.model.pod import Pod
-from trio_kubelet.sources.static_files import CONFIG_SOURCE_ANNOTATION
 
 log = logging.getLogger("trio_kubelet.sources.apiserver")
 
 API_SOURCE = "api"
-MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 # Fields the API server maintains that say nothing about what to run.
 _BOOKKEEPING = ("resourceVersion", "managedFields", "selfLink")
 

@@ -31,12 +31,11 @@ from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
 
 import trio
-from pydantic import BaseModel, ConfigDict
 
 from trio_kubelet.core.observed import ContainerState, RuntimePodStatus
+from trio_kubelet.events import OOMEvent
 from trio_kubelet.resources.cgroupfs import (
     CGROUP_ROOT,
     CgroupMode,
@@ -53,7 +52,6 @@ from trio_kubelet.sources.sampler import (
 __all__ = [
     "KernelOOM",
     "KmsgOOMParser",
-    "OOMEvent",
     "OOMWatcher",
     "read_oom_kill_count",
     "register_oom_eventfd",
@@ -63,23 +61,6 @@ log = logging.getLogger("trio_kubelet.oom")
 
 # The oom_kill counter may lag the eventfd: the kernel notifies before it kills.
 _RECHECK_DELAYS = (0.01, 0.1, 1.0)
-
-
-class OOMEvent(BaseModel):
-    """The kernel OOM-killed a process in a container."""
-
-    model_config = ConfigDict(frozen=True)
-
-    kind: Literal["oom"] = "oom"
-    container_id: str
-    pod_uid: str = ""
-    pod_name: str = ""
-    pod_namespace: str = ""
-    container_name: str = ""
-    time: float  # epoch seconds when the agent saw it
-    count: int  # OOM kills seen in this container so far (container_oom_events_total)
-    process: str = ""  # the killed process, when /dev/kmsg named it
-    pid: int = 0
 
 
 # -- /dev/kmsg -----------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -61,6 +60,10 @@ class _Closed:
 
 
 _StreamNews = _Opened | _Closed | RuntimeEvent
+
+
+#: The agent's metrics and the wall clock the relist gauges read.
+PlegMetrics = tuple[AgentMetrics, Callable[[], float]]
 
 
 def _report(
@@ -120,7 +123,7 @@ class _Pleg:
     """
 
     def __init__(self, send: trio.MemorySendChannel[Event], client: CRIClient, *,
-                 period: float, evented_period: float, metrics: AgentMetrics | None,
+                 period: float, evented_period: float, metrics: PlegMetrics | None,
                  on_relist: Callable[[Mapping[str, RuntimePodStatus]], None] | None) -> None:
         self.send = send
         self.client = client
@@ -206,7 +209,8 @@ class _Pleg:
             duration = trio.current_time() - started
             if self.metrics is not None:
                 interval = started - self.last_start if self.last_start is not None else None
-                _report(self.metrics, pods, duration, interval, time.time())
+                metrics, wall_clock = self.metrics
+                _report(metrics, pods, duration, interval, wall_clock())
             await self.send.send(RelistDone(ok=True, duration=duration))
         self.last_start = started
 
@@ -223,7 +227,7 @@ async def run_pleg(
     period: float = RELIST_PERIOD,
     evented_period: float = EVENTED_RELIST_PERIOD,
     container_events: bool = True,
-    metrics: AgentMetrics | None = None,
+    metrics: PlegMetrics | None = None,
     on_relist: Callable[[Mapping[str, RuntimePodStatus]], None] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -233,7 +237,8 @@ async def run_pleg(
     next successful relist instead of being lost. ``on_relist`` is given each successful
     relist's pods (the OOM watcher's `update`), so no one else lists the runtime for the
     same answer; it must return at once. ``container_events=False`` relists only (every
-    ``period``), as the Go kubelet does without its EventedPLEG feature gate.
+    ``period``), as the Go kubelet does without its EventedPLEG feature gate. ``metrics``:
+    where each relist is reported, with the wall clock its last-seen gauge reads.
     """
     pleg = _Pleg(send, client, period=period, evented_period=evented_period,
                  metrics=metrics, on_relist=on_relist)

@@ -8,8 +8,7 @@ statvfs of the node and image
 filesystems, and the runtime's ListContainerStats for writable-layer usage (and
 for cpu/memory of a container whose cgroup it cannot find). The result is an
 immutable `Sample` kept in `Sampler.latest`: the HTTP servers render that, never
-the file system per request. Optionally the node's eviction signals go to the
-reconciler as a `NodeStatsSampled` event.
+the file system per request.
 """
 
 from __future__ import annotations
@@ -21,11 +20,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import trio
 from cgroupspy.trees import Tree
-from pydantic import BaseModel, ConfigDict
 
 from trio_kubelet.core.pod_cgroups import POD_PREFIX, QOS_CGROUPS
 from trio_kubelet.core.stats import (
@@ -62,12 +60,10 @@ from trio_kubelet.runtime.errors import CRIError
 
 __all__ = [
     "CgroupLocator",
-    "NodeStatsSampled",
     "Sample",
     "Sampler",
     "StatsRuntime",
     "container_id_of",
-    "node_stats_event",
     "read_machine_info",
 ]
 
@@ -99,51 +95,6 @@ class StatsRuntime(Protocol):
 
     async def list_images(self, *, call_timeout: float | None = None) -> list[v1.Image]:
         ...
-
-
-class NodeStatsSampled(BaseModel):
-    """The node's eviction signals (memory, filesystems, pids) as one sample measured them."""
-
-    model_config = ConfigDict(frozen=True)
-
-    kind: Literal["node_stats"] = "node_stats"
-    time: float  # epoch seconds
-    memory_capacity_bytes: int
-    memory_available_bytes: int | None = None
-    memory_working_set_bytes: int | None = None
-    nodefs_capacity_bytes: int | None = None
-    nodefs_available_bytes: int | None = None
-    nodefs_inodes: int | None = None
-    nodefs_inodes_free: int | None = None
-    imagefs_capacity_bytes: int | None = None
-    imagefs_available_bytes: int | None = None
-    imagefs_inodes: int | None = None
-    imagefs_inodes_free: int | None = None
-    pid_max: int | None = None
-    processes: int | None = None
-
-
-def node_stats_event(sample: Sample) -> NodeStatsSampled:
-    node = sample.node.reading
-    capacity = sample.machine.memory_capacity_bytes
-    ws = node.figures.memory_working_set_bytes
-    root, image = node.root_fs, node.image_fs
-    return NodeStatsSampled(
-        time=sample.timestamp,
-        memory_capacity_bytes=capacity,
-        memory_available_bytes=None if ws is None else max(0, capacity - ws),
-        memory_working_set_bytes=ws,
-        nodefs_capacity_bytes=root.capacity_bytes if root else None,
-        nodefs_available_bytes=root.available_bytes if root else None,
-        nodefs_inodes=root.inodes if root else None,
-        nodefs_inodes_free=root.inodes_free if root else None,
-        imagefs_capacity_bytes=image.capacity_bytes if image else None,
-        imagefs_available_bytes=image.available_bytes if image else None,
-        imagefs_inodes=image.inodes if image else None,
-        imagefs_inodes_free=image.inodes_free if image else None,
-        pid_max=node.max_pid,
-        processes=node.processes,
-    )
 
 
 # -- /proc and statvfs ----------------------------------------------------------------------
@@ -486,25 +437,17 @@ class Sampler:
         client: StatsRuntime,
         *,
         interval: float = HOUSEKEEPING_INTERVAL,
-        send: trio.MemorySendChannel[NodeStatsSampled] | None = None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Sample every ``interval`` seconds; ready once the first sample exists.
-
-        With ``send``, each sample's node figures go to the reconciler as a
-        `NodeStatsSampled` event (the eviction manager's signals).
-        """
+        """Sample every ``interval`` seconds; ready once the first sample exists."""
         next_tick = trio.current_time()
         started = False
         while True:
             try:
-                sample = await self.sample_once(client)
+                await self.sample_once(client)
             except Exception:
                 # Figures are best effort: a failed tick must not take the node agent down.
                 log.exception("Resource sampling failed; next try in %.0fs", interval)
-            else:
-                if send is not None:
-                    await send.send(node_stats_event(sample))
             if not started:
                 task_status.started()
                 started = True

@@ -65,6 +65,7 @@ import trio
 from pydantic import ValidationError
 
 from trio_kubelet.config import describe_validation_error
+from trio_kubelet.core.phase import CONFIG_SOURCE_ANNOTATION
 from trio_kubelet.events import Event, ManifestProblem, PodSetUpdate
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.model.validation import (
@@ -85,7 +86,6 @@ from trio_kubelet.sources.manifest_decode import (
 logger = logging.getLogger(__name__)
 
 SOURCE = "file"
-CONFIG_SOURCE_ANNOTATION = "kubernetes.io/config.source"
 CONFIG_HASH_ANNOTATION = "kubernetes.io/config.hash"
 CONFIG_SEEN_ANNOTATION = "kubernetes.io/config.seen"
 NO_EXECUTE_TOLERATION: Mapping[str, str] = {"operator": "Exists", "effect": "NoExecute"}

@@ -17,8 +17,9 @@ from typing import Any
 from trio_kubelet.apiserver.client import JSON, APIClient
 from trio_kubelet.apiserver.errors import AlreadyExists, APIError, Unreachable
 from trio_kubelet.apiserver.resync import resync_forever
+from trio_kubelet.core.phase import MIRROR_ANNOTATION
 from trio_kubelet.model.pod import Pod
-from trio_kubelet.sources.apiserver import MIRROR_ANNOTATION, APIPods
+from trio_kubelet.sources.apiserver import APIPods
 from trio_kubelet.sources.static_files import CONFIG_HASH_ANNOTATION
 
 log = logging.getLogger("trio_kubelet.mirror")

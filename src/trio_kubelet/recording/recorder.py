@@ -21,7 +21,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message as ProtobufMessage
 from pydantic import BaseModel
 
-from trio_kubelet.replay.records import CRIRecord, Header, SnapshotRecord
+from trio_kubelet.recording.records import CRIRecord, Header, SnapshotRecord
 
 log = logging.getLogger("trio_kubelet.recorder")
 
@@ -63,13 +63,12 @@ class Recorder:
         path: Path,
         header: Header,
         *,
-        snapshot: Callable[[], SnapshotRecord],
         max_bytes: int | None = None,
         keep: int = ROTATED_FILES_KEPT,
     ) -> None:
         self.path = path
         self._header = header
-        self._snapshot = snapshot
+        self._snapshot: Callable[[], SnapshotRecord] | None = None
         self._max_bytes = max_bytes
         self._keep = keep
         self._queue: list[Thunk] = []
@@ -118,8 +117,18 @@ class Recorder:
                 )
             )
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Open the file, write the header, then flush the queue until cancelled (and once more)."""
+    async def run(
+        self,
+        snapshot: Callable[[], SnapshotRecord],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Open the file, write the header, then flush the queue until cancelled (and once more).
+
+        ``snapshot`` gives the pod sets a rotated file starts with (the sync loop's); records
+        added before ``run`` wait in the queue.
+        """
+        self._snapshot = snapshot
         self._open(self._header)
         task_status.started()
         try:
@@ -163,6 +172,7 @@ class Recorder:
         self.path.rename(rotated)
         t = trio.current_time()
         self._open(self._header.model_copy(update={"t": t, "rotated_from": rotated.name}))
+        assert self._snapshot is not None
         snapshot = self._snapshot().model_copy(update={"t": t})
         line = snapshot.model_dump_json() + "\n"
         assert self._file is not None

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from trio_kubelet.core.actions import ContainerToKill, PodActions
+from trio_kubelet.core.actions import PodActions
 from trio_kubelet.core.observed import (
     ContainerState,
     ProbeResult,
@@ -78,23 +79,7 @@ def actions_to_json(actions: PodActions) -> dict[str, Any]:
     }
 
 
-def actions_from_json(data: dict[str, Any]) -> PodActions:
-    return PodActions(
-        kill_pod=data["kill_pod"],
-        create_sandbox=data["create_sandbox"],
-        sandbox_id=data["sandbox_id"],
-        attempt=data["attempt"],
-        init_containers_to_start=list(data["init_containers_to_start"]),
-        containers_to_start=list(data["containers_to_start"]),
-        containers_to_kill={
-            cid: ContainerToKill(**kill) for cid, kill in data["containers_to_kill"].items()
-        },
-        ephemeral_containers_to_start=list(data["ephemeral_containers_to_start"]),
-        reasons=list(data["reasons"]),
-    )
-
-
-def probe_results_to_json(results: dict[str, ProbeResult]) -> dict[str, str]:
+def probe_results_to_json(results: Mapping[str, ProbeResult]) -> dict[str, str]:
     return {cid: result.value for cid, result in results.items()}
 
 

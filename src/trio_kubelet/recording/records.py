@@ -215,12 +215,34 @@ class ImageGCRecord(_Record):
 
 
 class StatusRecord(_Record):
-    """The API status a sync published (for the timeline and for readers of a recording)."""
+    """A pod status the worker published, with the inputs it was decided from.
+
+    ``decided`` says which pure function decided it: ``sync`` (``compute_pod_status``),
+    ``rejected`` (``rejected_status``: admission's ``reason``/``message``) or ``evicted``
+    (``compute_pod_status`` of a terminal pod, then ``evicted_status`` with ``reason`` and
+    ``message``); None in recordings made before status inputs were kept, which replay
+    cannot re-check. ``prior``: the worker had published a status before (the previous one
+    is this pod's last status record). ``errors`` maps a container to the (reason, message)
+    of its last failed start; ``readiness``/``startup`` are probe results by container ID.
+    """
 
     kind: Literal["status"] = "status"
     uid: str
     pod: str
     status: dict[str, Any]
+    decided: Literal["sync", "rejected", "evicted"] | None = None
+    spec_seq: int = -1
+    now: float = 0.0
+    observed: dict[str, Any] = Field(default_factory=dict)
+    prior: bool = False
+    errors: dict[str, tuple[str, str]] = Field(default_factory=dict)
+    readiness: dict[str, str] = Field(default_factory=dict)
+    startup: dict[str, str] = Field(default_factory=dict)
+    host_ip: str = ""
+    runtime_name: str = ""
+    terminal: bool = False
+    reason: str = ""
+    message: str = ""
 
 
 class InFlightSpec(BaseModel):
