@@ -97,7 +97,7 @@ async def test_large_payloads_echo_with_concurrent_send_and_receive(pki: PKI) ->
     payload = os.urandom(6 * 1024 * 1024 + 123)
     echoed = b""
 
-    async def echo() -> None:  # one task receives while another sends, as Hypercorn does
+    async def echo() -> None:  # one task receives while another sends, as the server does
         send, receive = trio.open_memory_channel[bytes](1)
 
         async def pump_in() -> None:

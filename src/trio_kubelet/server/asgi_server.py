@@ -17,8 +17,7 @@ when the client goes away (a followed log stops then). Each websocket message is
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import suppress
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -51,7 +50,7 @@ from trio_kubelet.server.http1 import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_MESSAGE_BYTES", "lifespan", "serve_connection"]
+__all__ = ["MAX_MESSAGE_BYTES", "LifespanError", "run_lifespan", "serve_connection"]
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # one websocket message
 CLOSE_TIMEOUT = 5.0  # for a TLS close_notify to a client that does not read
@@ -472,36 +471,51 @@ class LifespanError(Exception):
     """The app refused to start; ``str()`` says why."""
 
 
-@asynccontextmanager
-async def lifespan(app: ASGIApp, state: dict[str, Any], timeout: float) -> AsyncIterator[None]:
-    """The app started (ASGI ``lifespan.startup``) for the body of the block and shut down
-    (``lifespan.shutdown``, at most ``timeout`` seconds) after it."""
+async def _next(channel: trio.MemoryReceiveChannel[ASGIMessage]) -> ASGIMessage | None:
+    """The app's next lifespan message; None once it has ended."""
+    try:
+        return await channel.receive()
+    except trio.EndOfChannel:
+        return None
+
+
+async def run_lifespan(app: ASGIApp, state: dict[str, Any], timeout: float, *,
+                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Start the app (ASGI ``lifespan.startup``), report it started, and shut it down
+    (``lifespan.shutdown``, at most ``timeout`` seconds) once cancelled. Raises LifespanError
+    when the app refuses to start; an app without lifespan support is served anyway."""
     to_app, app_inbox = trio.open_memory_channel[ASGIMessage](1)
     app_outbox, from_app = trio.open_memory_channel[ASGIMessage](1)
+    # The app's own task outlives the cancellation that ends serving, until it has shut down.
+    app_scope = trio.CancelScope(shield=True)
 
     async def run() -> None:
-        try:
-            await app({"type": "lifespan", "asgi": _ASGI, "state": state},
-                      app_inbox.receive, app_outbox.send)
-        except Exception as exc:  # an app without lifespan support may raise: serve it anyway
-            log.debug("the app's lifespan ended: %s: %s", type(exc).__name__, exc)
-        finally:
-            await app_outbox.aclose()
-            await app_inbox.aclose()
+        with app_scope:
+            try:
+                await app({"type": "lifespan", "asgi": _ASGI, "state": state},
+                          app_inbox.receive, app_outbox.send)
+            except Exception as exc:
+                log.debug("the app's lifespan ended: %s: %s", type(exc).__name__, exc)
+            finally:
+                await app_outbox.aclose()
+                await app_inbox.aclose()
 
+    failure: str | None = None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run)
         await to_app.send({"type": "lifespan.startup"})
-        async for message in from_app:
-            if message["type"] == "lifespan.startup.failed":
-                raise LifespanError(message.get("message") or "startup failed")
-            break
-        try:
-            yield
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(timeout), \
-                    suppress(trio.BrokenResourceError):
-                await to_app.send({"type": "lifespan.shutdown"})
-                async for _ in from_app:
-                    break
-            nursery.cancel_scope.cancel()
+        message = await _next(from_app)
+        if message is not None and message["type"] == "lifespan.startup.failed":
+            failure = str(message.get("message") or "startup failed")
+        else:
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(timeout), \
+                        suppress(trio.BrokenResourceError):
+                    await to_app.send({"type": "lifespan.shutdown"})
+                    await _next(from_app)
+        app_scope.cancel()
+    if failure is not None:
+        raise LifespanError(failure)

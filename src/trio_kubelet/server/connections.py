@@ -29,8 +29,7 @@ class HTTPLimits:
     tls_handshake_timeout: float = 10.0
     max_body_bytes: int = MAX_BODY_BYTES
     max_connections: int = 1024
-    max_concurrent_streams: int = 100  # per HTTP/2 connection
-    shutdown_timeout: float = 5.0
+    shutdown_timeout: float = 5.0  # for the app's own shutdown (ASGI lifespan)
 
 
 ConnectionHandler = Callable[[trio.SocketStream], Awaitable[None]]

@@ -27,7 +27,7 @@ from quart_trio import QuartTrio
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.server.app import create_app
 from trio_kubelet.server.asgi import ASGIApp, Scope
-from trio_kubelet.server.asgi_server import LifespanError, lifespan, serve_connection
+from trio_kubelet.server.asgi_server import LifespanError, run_lifespan, serve_connection
 from trio_kubelet.server.auth import Authorizer, RequestAuthenticator, ReviewClient, build_auth
 from trio_kubelet.server.connections import HTTPLimits, limit_connections, limit_request_head
 from trio_kubelet.server.health import NodeHealth
@@ -97,28 +97,37 @@ async def _handshake(stream: OpenSSLStream, timeout: float) -> bool:
     return True
 
 
-def _address(sockname: Any) -> Address | None:
-    """``(host, port)`` of an IP socket's address, as ASGI's ``client``/``server``."""
-    return (str(sockname[0]), int(sockname[1])) if isinstance(sockname, tuple) else None
+def _address(socket: trio.socket.SocketType, peer: bool) -> Address | None:
+    """``(host, port)`` of a connection's end, as ASGI's ``client``/``server``; None when it
+    is not an IP socket or has already been disconnected."""
+    try:
+        name = socket.getpeername() if peer else socket.getsockname()
+    except OSError:
+        return None
+    return (str(name[0]), int(name[1])) if isinstance(name, tuple) else None
 
 
 async def _serve_connection(app: ASGIApp, limits: HTTPLimits, state: dict[str, Any],
                             tls: ServingContext | None, tcp: trio.SocketStream) -> None:
-    stream: trio.abc.Stream = tcp
-    scope: Scope = {"scheme": "http", "client": _address(tcp.socket.getpeername()),
-                    "server": _address(tcp.socket.getsockname()), "state": state}
-    if tls is not None:
-        # The context of this moment: a rotated certificate is used from the next connection.
-        tls_context = tls.context
-        if tls_context is None:
-            log.debug("TLS connection refused: no serving certificate available yet")
-            await trio.aclose_forcefully(tcp)
-            return
-        stream = OpenSSLStream(tcp, tls_context)
-        if not await _handshake(stream, limits.tls_handshake_timeout):
-            return
-        scope.update(scheme="https", extensions={"tls": _peer_tls(stream)})
-    await serve_connection(app, stream, limits=limits, scope=scope)
+    try:
+        stream: trio.abc.Stream = tcp
+        scope: Scope = {"scheme": "http", "client": _address(tcp.socket, True),
+                        "server": _address(tcp.socket, False), "state": state}
+        if tls is not None:
+            # The context of this moment: a rotated certificate is used from the next connection.
+            tls_context = tls.context
+            if tls_context is None:
+                log.debug("TLS connection refused: no serving certificate available yet")
+                await trio.aclose_forcefully(tcp)
+                return
+            stream = OpenSSLStream(tcp, tls_context)
+            if not await _handshake(stream, limits.tls_handshake_timeout):
+                return
+            scope.update(scheme="https", extensions={"tls": _peer_tls(stream)})
+        await serve_connection(app, stream, limits=limits, scope=scope)
+    except Exception as exc:  # one broken connection must never take the server down
+        log.error("HTTP connection failed: %s: %s", type(exc).__name__, exc)
+        await trio.aclose_forcefully(tcp)
 
 
 async def _listen(host: str, port: int, name: str) -> list[trio.SocketListener]:
@@ -150,17 +159,22 @@ async def serve_listeners(app: QuartTrio, listeners: Sequence[trio.SocketListene
     state: dict[str, Any] = {}
     handler = limit_connections(partial(_serve_connection, asgi, limits, state, tls),
                                 limits.max_connections)
+    failure: LifespanError | None = None
     try:
-        async with lifespan(asgi, state, limits.shutdown_timeout), \
-                trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, handler, list(listeners))
-            scheme = "https" if tls is not None else "http"
-            log.info("%s server listening on %s://%s:%d", name, scheme, host, port)
-            task_status.started((host, port))
-    except LifespanError as exc:
-        raise ServerStartError(f"{name} server: the app did not start: {exc}") from None
+        async with trio.open_nursery() as nursery:
+            try:
+                await nursery.start(run_lifespan, asgi, state, limits.shutdown_timeout)
+            except LifespanError as exc:
+                failure = exc
+            else:
+                await nursery.start(trio.serve_listeners, handler, list(listeners))
+                scheme = "https" if tls is not None else "http"
+                log.info("%s server listening on %s://%s:%d", name, scheme, host, port)
+                task_status.started((host, port))
     finally:
         await _close(listeners)
+    if failure is not None:
+        raise ServerStartError(f"{name} server: the app did not start: {failure}")
 
 
 async def serve_app(app: QuartTrio, host: str, port: int, *,
