@@ -1,11 +1,13 @@
 """The healthz port (``healthzBindAddress:healthzPort``, 127.0.0.1:10248): a small HTTP/1.1
 server with the health answers and nothing else, as the Go kubelet's own there.
 
-Why not Hypercorn, which serves 10250 and 10255: liveness probes and monitoring poll this
-port, and it must answer fast while the agent is busy. Measured on this machine (2 vCPUs,
-50 keep-alive clients at 100 requests/s, bench/README.md): a no-op ASGI app on Hypercorn
-answered with a p99 of 5.4-6.0 ms and at most ~820 requests/s flat out, a bare Quart-Trio app
-7-8 ms; this server, h11 framing on a trio stream, 1.9 ms and ~4,800 requests/s.
+Why not an ASGI app on the server of 10250 and 10255 (``asgi_server``): liveness probes and
+monitoring poll this port, and it must answer fast while the agent is busy. Measured on this
+machine (2 vCPUs, 50 keep-alive clients at 100 requests/s, bench/README.md), when those ports
+ran Hypercorn: a no-op ASGI app answered with a p99 of 5.4-6.0 ms and at most ~820 requests/s
+flat out, a bare Quart-Trio app 7-8 ms; this server, h11 framing on a trio stream and the
+answer written directly, 1.9 ms and ~4,800 requests/s. Quart's own cost per request remains
+whatever the server under it.
 
 It speaks HTTP/1.1 only (keep-alive, pipelining, HTTP/1.0 clients), GET and HEAD. Limits as
 on the other ports: request head size (431), number of connections, and one timeout for each
