@@ -3,6 +3,7 @@ app waits for, request bodies the app reads or leaves, failures, websockets, the
 
 from __future__ import annotations
 
+import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -265,3 +266,18 @@ async def test_an_app_that_fails_to_start_is_a_server_start_error() -> None:
 
     with pytest.raises(ServerStartError, match="HTTP server: the app did not start: no database"):
         await serve_app(refuses, "127.0.0.1", 0)
+
+
+async def test_clients_that_reset_at_once_do_not_take_the_server_down() -> None:
+    async with serving(Echo()) as port:
+        for _ in range(200):
+            sock = trio.socket.socket()
+            await sock.connect(("127.0.0.1", port))
+            # Linger 0: close() sends a reset, maybe before the server has accepted.
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_LINGER,
+                            struct.pack("ii", 1, 0))
+            sock.close()
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /still HTTP/1.1\r\nHost: k\r\nConnection: close\r\n\r\n")
+        assert (await read_all(stream)).endswith(b"GET /still? ")
+        await stream.aclose()
