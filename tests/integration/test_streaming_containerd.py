@@ -323,12 +323,14 @@ async def test_streaming_bad_input(containerd, tmp_path, caplog):
                     pass
             assert rejected.value.status_code == 400
 
-            # SPDY (kubectl's default upgrade) is refused with an explanation, not a hang.
+            # An SPDY upgrade the server cannot take (one with a body) is refused with an
+            # explanation, not a hang.
             async with httpx.AsyncClient(base_url=served.base, timeout=10) as http:
                 spdy = await http.post(f"/exec/default/{POD}/main?output=1&command=true",
                                        headers={"Connection": "Upgrade",
                                                 "Upgrade": "SPDY/3.1",
-                                                "X-Stream-Protocol-Version": "v4.channel.k8s.io"})
+                                                "X-Stream-Protocol-Version": "v4.channel.k8s.io"},
+                                       content=b"x")
                 assert spdy.status_code == 400
                 assert "SPDY/3.1 upgrades are not supported" in spdy.text
                 plain = await http.get(f"/exec/default/{POD}/main?output=1&command=true")
