@@ -65,7 +65,8 @@ class Echo:
                 break
         answer = b"%s %s?%s %s" % (scope["method"].encode(), scope["path"].encode(),
                                    scope["query_string"], body)
-        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(answer)).encode())]})
         await send({"type": "http.response.body", "body": answer})
 
 
@@ -111,6 +112,7 @@ async def test_100_continue_is_sent_when_the_app_reads_the_body() -> None:
 
 async def test_a_streamed_answer_is_chunked_and_ends_when_the_client_leaves() -> None:
     ended = trio.Event()
+    head_read = trio.Event()
 
     async def ticker(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -124,6 +126,7 @@ async def test_a_streamed_answer_is_chunked_and_ends_when_the_client_leaves() ->
 
             nursery.start_soon(until_disconnect)
             await send({"type": "http.response.start", "status": 200, "headers": []})
+            await head_read.wait()  # a followed log may have nothing to send for a while
             while True:
                 await send({"type": "http.response.body", "body": b"tick", "more_body": True})
                 await trio.sleep(0.01)
@@ -131,8 +134,10 @@ async def test_a_streamed_answer_is_chunked_and_ends_when_the_client_leaves() ->
     async with serving(ticker) as port:
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         await stream.send_all(b"GET /follow HTTP/1.1\r\nHost: k\r\n\r\n")
-        head = await read_until(stream, b"4\r\ntick\r\n")
+        head = await read_until(stream, b"\r\n\r\n")
         assert b"transfer-encoding: chunked" in head.lower()
+        head_read.set()
+        await read_until(stream, b"4\r\ntick\r\n")
         await stream.aclose()
         with trio.fail_after(2):
             await ended.wait()

@@ -4,8 +4,8 @@ websockets, and SPDY upgrades go to ``spdy_proxy``; plus the app's lifespan.
 This is the server of the Quart-Trio apps on 10250 and 10255 (``serve.py`` accepts the
 connections, does TLS and the connection cap, and calls ``serve_connection``). It replaced
 Hypercorn, whose public ``serve`` could not carry what 10250 needs (docs/http-api.md, "Why our
-own server"): pyOpenSSL TLS whose unverified client certificate still reaches the
-authenticator, the rotating serving certificate, the connection cap, and SPDY upgrades.
+own server"): the client certificate in the scope, pyOpenSSL TLS whose unverified client
+certificate still reaches the authenticator (Go's 401), the connection cap, and SPDY upgrades.
 
 HTTP/1.1 only (keep-alive, pipelining, HTTP/1.0 clients, chunked bodies both ways,
 ``Expect: 100-continue``); no HTTP/2. Per connection: one request at a time; the app's
@@ -17,6 +17,7 @@ when the client goes away (a followed log stops then). Each websocket message is
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from contextlib import suppress
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -59,7 +60,7 @@ _INTERNAL_ERROR = b"Internal Server Error\n"
 
 
 class _Gone(Exception):
-    """The client has gone: nothing more can be read or sent on its connection."""
+    """The connection cannot carry another request: an answer was cut off half-way."""
 
 
 class _Conn:
@@ -124,7 +125,6 @@ class _Exchange:
         self.conn = conn
         self.head_only = request.method == b"HEAD"
         self.body_read = False
-        self.start: ASGIMessage | None = None
         self.head_sent = False
         self.ended = False
 
@@ -160,32 +160,28 @@ class _Exchange:
     async def send(self, message: ASGIMessage) -> None:
         kind = message["type"]
         if kind == "http.response.start":
-            if self.start is not None:
+            if self.head_sent:
                 raise RuntimeError("http.response.start sent twice")
-            self.start = message
+            # At once, not with the first body: a followed log may have none for a while.
+            await self._head(int(message["status"]), message.get("headers", ()))
         elif kind == "http.response.body":
-            if self.start is None:
+            if not self.head_sent:
                 raise RuntimeError("http.response.body before http.response.start")
             if self.ended:
                 return
             await self._body(bytes(message.get("body", b"")), bool(message.get("more_body")))
 
+    async def _head(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        fields = [(bytes(name).lower(), bytes(value)) for name, value in headers]
+        if not any(name == b"date" for name, _ in fields):
+            fields.append((b"date", http_date()))
+        self.head_sent = True
+        await self.conn.write(self.conn.h11.send(h11.Response(
+            status_code=status, headers=fields, reason=reason(status))) or b"")
+
     async def _body(self, body: bytes, more: bool) -> None:
         conn = self.conn
-        assert self.start is not None
         out = b""
-        if not self.head_sent:
-            status = int(self.start["status"])
-            headers = [(bytes(name).lower(), bytes(value))
-                       for name, value in self.start.get("headers", ())]
-            if not more and not any(name in (b"content-length", b"transfer-encoding")
-                                    for name, _ in headers):
-                headers.append((b"content-length", str(len(body)).encode()))
-            if not any(name == b"date" for name, _ in headers):
-                headers.append((b"date", http_date()))
-            out = conn.h11.send(h11.Response(status_code=status, headers=headers,
-                                             reason=reason(status))) or b""
-            self.head_sent = True
         if body and not self.head_only:
             out += conn.h11.send(h11.Data(data=body)) or b""
         if not more:
@@ -198,8 +194,9 @@ class _Exchange:
         if self.head_sent and not self.ended:
             raise _Gone  # a half-sent answer: the connection cannot carry another
         if not self.head_sent:
-            self.start = {"status": 500, "headers": [
-                (b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]}
+            await self._head(500, [(b"content-type", b"text/plain; charset=utf-8"),
+                                   (b"content-length", str(len(_INTERNAL_ERROR)).encode()),
+                                   (b"connection", b"close")])
             await self._body(_INTERNAL_ERROR, False)
 
 
