@@ -22,7 +22,6 @@ from typing import Any
 import trio
 from OpenSSL import SSL
 from quart import Blueprint
-from quart_trio import QuartTrio
 
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.server.app import create_app
@@ -144,7 +143,7 @@ async def _close(listeners: Sequence[trio.SocketListener]) -> None:
             await trio.aclose_forcefully(listener)
 
 
-async def serve_listeners(app: QuartTrio, listeners: Sequence[trio.SocketListener], *,
+async def serve_listeners(app: ASGIApp, listeners: Sequence[trio.SocketListener], *,
                           tls_context: SSL.Context | ServingContext | None = None,
                           limits: HTTPLimits = HTTPLimits(), name: str = "HTTP",
                           task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
@@ -177,7 +176,7 @@ async def serve_listeners(app: QuartTrio, listeners: Sequence[trio.SocketListene
         raise ServerStartError(f"{name} server: the app did not start: {failure}")
 
 
-async def serve_app(app: QuartTrio, host: str, port: int, *,
+async def serve_app(app: ASGIApp, host: str, port: int, *,
                     tls_context: SSL.Context | ServingContext | None = None,
                     limits: HTTPLimits = HTTPLimits(), name: str = "HTTP",
                     task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
