@@ -9,7 +9,7 @@ port, all on free ports picked here. Once ``/pods`` lists every pod Running and
 connections framed by h11 on trio, ``KeepAliveClient``: httpx cost ~3 ms of CPU a request and
 measured itself, a p99 of 4.4 ms against a server that does nothing) against each endpoint in
 turn: ``healthz`` on the healthz port (its own small server), ``healthz_on_quart`` the same
-answer through Quart-Trio and Hypercorn on the read-only port, then ``pods``, ``summary`` and
+answer through Quart-Trio on the read-only port, then ``pods``, ``summary`` and
 ``cadvisor``. Paced first (the steady state: right after 8,000 flat-out requests the agent's
 latencies stay raised for a while; the paced healthz p99 was 10 ms instead of 6.6 in one A/B on a
 quiet machine), then flat out:
@@ -18,10 +18,11 @@ quiet machine), then flat out:
 - ``flat_https``: the authenticated port (TLS, not verified), ``healthz`` there being Quart's;
 - ``paced``: plain HTTP, each of the 50 clients sends one request every 0.5 s for ``--paced``
   seconds (100 requests/s), since flat-out load on 2 vCPUs measures the load generator too;
-- ``floor``: ``/healthz`` flat out and paced against ``bare_quart.py``, a Quart-Trio app on
-  Hypercorn with that one route and nothing else in its process: what the required stack and
-  this client cost on this machine before the kubelet does anything (its ``agent_*`` figures
-  are the bare server's).
+- ``floor``: ``/healthz`` flat out and paced against ``bare_quart.py``, a Quart-Trio app with
+  that one route and nothing else in its process, on the kubelet's own server
+  (``floor_bare_quart_healthz``) and on Hypercorn (``floor_bare_quart_on_hypercorn_healthz``):
+  what the required stack and this client cost on this machine before the kubelet does
+  anything (its ``agent_*`` figures are the bare server's).
 
 Each client first sends one unmeasured request (opening its keep-alive connection, TLS included),
 then all start together. Any non-200 answer or exception counts as an error. Per endpoint and
@@ -341,11 +342,13 @@ def agent_command(profile: Path | None) -> list[str]:
     return [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "trio_kubelet"]
 
 
-def floor(args: argparse.Namespace, httpx: Any) -> dict[str, Any]:
-    """``/healthz`` of ``bare_quart.py``, flat out and paced, as the agent's runs drive it."""
+def floor(args: argparse.Namespace, httpx: Any, server_name: str) -> dict[str, Any]:
+    """``/healthz`` of ``bare_quart.py`` on ``server_name`` (``own`` or ``hypercorn``), flat out
+    and paced, as the agent's runs drive it."""
     (port,) = free_ports(1)
     server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("bare_quart.py")),
-                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                               str(port), server_name],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     result: dict[str, Any] = {}
 
@@ -466,7 +469,8 @@ def main() -> None:
         return
     load_at_start = round(os.getloadavg()[0], 2)
     result = run(args, httpx)
-    result["floor_bare_quart_healthz"] = floor(args, httpx)
+    result["floor_bare_quart_healthz"] = floor(args, httpx, "own")
+    result["floor_bare_quart_on_hypercorn_healthz"] = floor(args, httpx, "hypercorn")
     result["tree"] = tree_version()
     result["loadavg_1m_at_start"] = load_at_start
     result["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)

@@ -1,7 +1,7 @@
 """Logs, exec, attach and port-forward through our blueprints, against a real containerd.
 
-The agent runs in-process; the two blueprints are served by Hypercorn on 127.0.0.1 in a small
-Quart-Trio app of the test's own, so these tests need nothing of the server module but them.
+The agent runs in-process; the two blueprints are served on 127.0.0.1 by the kubelet's own
+server (``serve_app``, plain HTTP, no auth) in a small Quart-Trio app of the test's own.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import hypercorn.config
-import hypercorn.trio
 import pytest
 import trio
 import trio_websocket
@@ -29,6 +27,7 @@ from trio_kubelet.config import AgentOptions, KubeletConfiguration
 from trio_kubelet.runtime.client import open_cri_client
 from trio_kubelet.server.routes_logs import logs_blueprint
 from trio_kubelet.server.routes_streaming import streaming_blueprint
+from trio_kubelet.server.serve import serve_app
 from trio_kubelet.server.view import NodeView
 
 pytestmark = pytest.mark.integration
@@ -99,13 +98,10 @@ async def serving(containerd, tmp_path: Path,
         app = QuartTrio("streaming-itest")
         app.register_blueprint(logs_blueprint(view))
         app.register_blueprint(streaming_blueprint(view))
-        config = hypercorn.config.Config()
-        config.bind = ["127.0.0.1:0"]
-        config.accesslog = None
-        binds = await nursery.start(hypercorn.trio.serve, app, config)
+        _, port = await nursery.start(serve_app, app, "127.0.0.1", 0)
         agent.write("talk.yaml", TALK)
         await agent.wait_for("talk", lambda p: running(p, "main") and running(p, "server"))
-        yield Served(agent, int(binds[0].rsplit(":", 1)[1]), containerd)
+        yield Served(agent, port, containerd)
         nursery.cancel_scope.cancel()
 
 
@@ -327,12 +323,14 @@ async def test_streaming_bad_input(containerd, tmp_path, caplog):
                     pass
             assert rejected.value.status_code == 400
 
-            # SPDY (kubectl's default upgrade) is refused with an explanation, not a hang.
+            # An SPDY upgrade the server cannot take (one with a body) is refused with an
+            # explanation, not a hang.
             async with httpx.AsyncClient(base_url=served.base, timeout=10) as http:
                 spdy = await http.post(f"/exec/default/{POD}/main?output=1&command=true",
                                        headers={"Connection": "Upgrade",
                                                 "Upgrade": "SPDY/3.1",
-                                                "X-Stream-Protocol-Version": "v4.channel.k8s.io"})
+                                                "X-Stream-Protocol-Version": "v4.channel.k8s.io"},
+                                       content=b"x")
                 assert spdy.status_code == 400
                 assert "SPDY/3.1 upgrades are not supported" in spdy.text
                 plain = await http.get(f"/exec/default/{POD}/main?output=1&command=true")

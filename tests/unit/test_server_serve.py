@@ -310,7 +310,7 @@ async def test_cancellation_closes_the_ports(tmp_path: Path) -> None:
 # --- hostile clients ---------------------------------------------------------------------------
 
 
-# Both kinds of server: the healthz port's own (h11) and Hypercorn's (the read-only port).
+# Both kinds of server: the healthz port's own and the apps' (asgi_server, the read-only port).
 PLAIN_PORTS = pytest.mark.parametrize("port_field", ["healthzPort", "readOnlyPort"])
 
 

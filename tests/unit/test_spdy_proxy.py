@@ -34,7 +34,7 @@ from trio_kubelet.server.auth import (
 )
 from trio_kubelet.server.routes_streaming import streaming_blueprint
 from trio_kubelet.server.serve import HTTPLimits, serve_app
-from trio_kubelet.server.spdy_proxy import UpgradeRequest, read_first_request, splice
+from trio_kubelet.server.spdy_proxy import is_spdy_upgrade, splice
 from trio_kubelet.server.tls import ServingCertificate, server_tls_context
 from trio_kubelet.server.view import NodeView
 from trio_kubelet.status.store import PodStatusStore
@@ -200,60 +200,29 @@ async def answer_to(kubelet: Kubelet, request: bytes) -> tuple[int, bytes]:
     return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
 
 
-# --- reading the first request -------------------------------------------------------------------
+# --- recognising an upgrade -----------------------------------------------------------------------
 
 
-class Chunks(trio.abc.ReceiveStream):
-    """Gives ``chunks`` one per read, then EOF; counts the reads."""
-
-    def __init__(self, *chunks: bytes) -> None:
-        self.chunks = list(chunks)
-        self.reads = 0
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        self.reads += 1
-        return self.chunks.pop(0) if self.chunks else b""
-
-    async def aclose(self) -> None:
-        pass
+def parsed(request_bytes: bytes) -> h11.Request:
+    connection = h11.Connection(h11.SERVER)
+    connection.receive_data(request_bytes)
+    event = connection.next_event()
+    assert isinstance(event, h11.Request)
+    return event
 
 
-async def first_request(*chunks: bytes) -> bytes | UpgradeRequest:
-    return await read_first_request(Chunks(*chunks), 64 * 1024)
-
-
-async def test_an_ordinary_request_is_decided_on_its_first_read() -> None:
-    request = head("GET", "/pods", [("Accept", "*/*")])
-    stream = Chunks(request[:10], request[10:])
-    assert await read_first_request(stream, 64 * 1024) == request[:10]
-    assert stream.reads == 1
-    assert await first_request(b"GET /exec", b"ution-plan HTTP/1.1\r\n") \
-        == b"GET /execution-plan HTTP/1.1\r\n"
-    assert await first_request(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") \
-        == b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-    assert await first_request() == b""
-
-
-async def test_an_spdy_upgrade_is_read_whole_and_parsed() -> None:
-    request = head("POST", "/exec/default/w%65b/main?command=ls")
-    pieces = [request[i:i + 7] for i in range(0, len(request), 7)]
-    pieces[-1] += b"SPDY-FRAMES"  # what came with the head's end is kept for the runtime
-    found = await first_request(*pieces, b"not read yet")
-    assert isinstance(found, UpgradeRequest)
-    assert (found.request.method, found.path, found.early) == (
-        b"POST", "/exec/default/web/main", b"SPDY-FRAMES")
-
-
-@pytest.mark.parametrize("request_bytes", [
-    head("GET", "/exec/default/web/main", [("Connection", "Upgrade"), ("Upgrade", "websocket")]),
-    head("POST", "/exec/default/web/main", [("Upgrade", "SPDY/3.1")]),  # no Connection: upgrade
-    head("POST", "/attach/default/web/main", [*SPDY, ("Content-Length", "3")], b"abc"),
-    head("POST", "/exec/default/web/main", []),
-    b"POST /exec/default/web/main HTTP/1.1\r\nBad Header\r\n\r\n",
+@pytest.mark.parametrize(("request_bytes", "spdy"), [
+    (head("POST", "/exec/default/web/main"), True),
+    (head("GET", "/portForward/default/web", [("Connection", "keep-alive, Upgrade"),
+                                              ("Upgrade", "spdy/3.1")]), True),
+    (head("GET", "/exec/default/web/main", [("Connection", "Upgrade"), ("Upgrade", "websocket")]),
+     False),
+    (head("POST", "/exec/default/web/main", [("Upgrade", "SPDY/3.1")]), False),  # no Connection
+    (head("POST", "/exec/default/web/main", []), False),
 ])
-async def test_other_requests_on_streaming_paths_are_left_to_hypercorn(
-        request_bytes: bytes) -> None:
-    assert await first_request(request_bytes) == request_bytes
+def test_an_spdy_upgrade_is_recognised_as_go_recognises_one(request_bytes: bytes,
+                                                            spdy: bool) -> None:
+    assert is_spdy_upgrade(parsed(request_bytes)) is spdy
 
 
 # --- the session ----------------------------------------------------------------------------------
@@ -353,10 +322,10 @@ async def test_runtime_failures() -> None:
         assert await answer_to(k, head("POST", EXEC)) == (403, b"unsupported protocol versions\n")
 
 
-async def test_ordinary_requests_still_go_to_hypercorn() -> None:
+async def test_an_upgrade_may_follow_other_requests_in_pieces_but_not_carry_a_body() -> None:
     async with kubelet() as k:
         stream = await k.connect()
-        # A keep-alive connection: the first request through the peek, the second not.
+        # A keep-alive connection: an ordinary request, then an upgrade sent 7 bytes at a time.
         await stream.send_all(head("GET", "/exec/default/web/main?output=1&command=ls", []))
         with trio.fail_after(5):
             answer, rest = await read_head(stream)
@@ -365,14 +334,24 @@ async def test_ordinary_requests_still_go_to_hypercorn() -> None:
         while len(rest) < length:
             rest += await stream.receive_some()
         assert rest == b"Upgrade request required"
-        await stream.send_all(head("POST", EXEC))
+        request = head("POST", "/exec/default/w%65b/main?output=1&command=ls", SPDY)
+        pieces = [request[i:i + 7] for i in range(0, len(request), 7)]
+        pieces[-1] += b"early;"  # what came with the head's end is kept for the runtime
+        for piece in pieces:
+            await stream.send_all(piece)
+            await trio.sleep(0.001)
         with trio.fail_after(5):
             answer, rest = await read_head(stream)
-            while b"SPDY" not in rest:
+            assert answer == SWITCH
+            while len(rest) < len(b"greeting;EARLY;"):
                 rest += await stream.receive_some()
-        assert answer.startswith(b"HTTP/1.1 400 ")
-        assert rest.startswith(b"SPDY/3.1 upgrades are not supported on this connection")
+        assert rest == b"greeting;EARLY;"
         await stream.aclose()
+        # An upgrade with a body is an ordinary request, refused with the reason.
+        status, body = await answer_to(k, head("POST", EXEC, [
+            *SPDY, ("Content-Length", "3"), ("Connection", "close")], b"abc"))
+        assert status == 400
+        assert body.startswith(b"SPDY/3.1 upgrades are not supported on this connection")
 
 
 async def test_an_unfinished_head_on_a_streaming_path_is_dropped_after_the_idle_timeout(

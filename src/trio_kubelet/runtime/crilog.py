@@ -3,7 +3,7 @@
 A runtime writes one line per chunk of container output,
 ``<RFC3339Nano> <stdout|stderr> <P|F> <text>``, where ``P`` marks a partial chunk (a long line
 the runtime split, or output not yet terminated by a newline) that the next chunk of the same
-stream continues. Everything up to `read_log` is pure (sans-IO, like hypercorn's protocol
+stream continues. Everything up to `read_log` is pure (sans-IO, like h11's protocol
 classes): options from a query, a `LogDecoder` that turns file bytes into what the client sees,
 and `find_tail_start`, which walks a file backwards in blocks. `read_log` is the trio shell that
 reads blocks (never a whole file) and follows a growing file.

@@ -1,1 +1,1 @@
-"""The kubelet HTTP API (Quart-Trio on Hypercorn): 10250, read-only 10255, healthz 10248."""
+"""The kubelet HTTP API (Quart-Trio apps on our own server): 10250, 10255 (read-only), 10248."""

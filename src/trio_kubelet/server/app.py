@@ -15,19 +15,13 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 import trio
-from hypercorn.typing import (
-    ASGIFramework,
-    ASGIReceiveCallable,
-    ASGISendCallable,
-    ASGISendEvent,
-    Scope,
-)
 from prometheus_client import Counter, Gauge, Histogram
 from quart import Blueprint, Response, current_app, g, has_request_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from trio_kubelet.metrics import LONG_RUNNING_PATHS, AgentMetrics
+from trio_kubelet.server.asgi import ASGIApp, Message, Receive, Scope, Send
 from trio_kubelet.server.auth import (
     AuthenticationError,
     AuthorizationError,
@@ -182,7 +176,7 @@ class _ServerMiddleware:
     """Counts and times every request, and contains what escapes Quart's own handling
     (e.g. a streamed body that fails after the headers went out)."""
 
-    def __init__(self, app: ASGIFramework, metrics: AgentMetrics | None,
+    def __init__(self, app: ASGIApp, metrics: AgentMetrics | None,
                  server_type: str) -> None:
         self.app = app
         self.metrics = metrics
@@ -201,14 +195,14 @@ class _ServerMiddleware:
                                             metrics.http_requests_duration.labels(*labels))
             return found
 
-    async def __call__(self, scope: Scope, receive: ASGIReceiveCallable,
-                       send: ASGISendCallable) -> None:
+    async def __call__(self, scope: Scope, receive: Receive,
+                       send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         started = False
 
-        async def tracking_send(message: ASGISendEvent) -> None:
+        async def tracking_send(message: Message) -> None:
             nonlocal started
             if message["type"] in ("http.response.start", "websocket.accept",
                                    "websocket.http.response.start", "websocket.close"):
@@ -242,7 +236,7 @@ class _ServerMiddleware:
                 series[2].observe(trio.current_time() - begin)
 
 
-async def _send_plain_500(send: ASGISendCallable) -> None:
+async def _send_plain_500(send: Send) -> None:
     body = b"Internal Server Error\n"
     try:
         await send({"type": "http.response.start", "status": 500,
@@ -285,5 +279,6 @@ def create_app(view: NodeView, blueprints: Iterable[Blueprint], *,
         app.register_blueprint(blueprint)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _internal_error)
-    app.asgi_app = _ServerMiddleware(app.asgi_app, metrics, server_type)  # type: ignore[method-assign]
+    app.asgi_app = _ServerMiddleware(  # type: ignore[method-assign,assignment]
+        app.asgi_app, metrics, server_type)
     return app

@@ -1,5 +1,5 @@
 """What one client may cost a server (``HTTPLimits``): the cap on open connections, and the
-request head size on the Hypercorn ports."""
+request head size in front of the apps."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
-from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, Scope
 
 from trio_kubelet.server.app import MAX_BODY_BYTES
+from trio_kubelet.server.asgi import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +29,7 @@ class HTTPLimits:
     tls_handshake_timeout: float = 10.0
     max_body_bytes: int = MAX_BODY_BYTES
     max_connections: int = 1024
-    max_concurrent_streams: int = 100  # per HTTP/2 connection
-    shutdown_timeout: float = 5.0
+    shutdown_timeout: float = 5.0  # for the app's own shutdown (ASGI lifespan)
 
 
 ConnectionHandler = Callable[[trio.SocketStream], Awaitable[None]]
@@ -64,17 +63,15 @@ def request_head_size(scope: Mapping[str, Any]) -> int:
     return line + sum(len(name) + len(value) + 4 for name, value in headers) + 2
 
 
-def limit_request_head(app: ASGIFramework, max_bytes: int) -> ASGIFramework:
+def limit_request_head(app: ASGIApp, max_bytes: int) -> ASGIApp:
     """``app`` behind the request head limit: a bigger head is answered 431 and the
     connection closed, as Go's ``MaxHeaderBytes``.
 
-    Hypercorn's own limit (``h11_max_incomplete_size``) only applies to what is still
-    incomplete after a read of up to 64 KiB, so a head a little over the limit got
-    through; checking the parsed head makes the limit exact.
+    The server reads a head within the limit already (``http1.next_event``); this covers
+    the scope as the app sees it, whatever server built it.
     """
 
-    async def guarded(scope: Scope, receive: ASGIReceiveCallable,
-                      send: ASGISendCallable) -> None:
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket") or request_head_size(scope) <= max_bytes:
             await app(scope, receive, send)
             return

@@ -1,11 +1,13 @@
 """The healthz port (``healthzBindAddress:healthzPort``, 127.0.0.1:10248): a small HTTP/1.1
 server with the health answers and nothing else, as the Go kubelet's own there.
 
-Why not Hypercorn, which serves 10250 and 10255: liveness probes and monitoring poll this
-port, and it must answer fast while the agent is busy. Measured on this machine (2 vCPUs,
-50 keep-alive clients at 100 requests/s, bench/README.md): a no-op ASGI app on Hypercorn
-answered with a p99 of 5.4-6.0 ms and at most ~820 requests/s flat out, a bare Quart-Trio app
-7-8 ms; this server, h11 framing on a trio stream, 1.9 ms and ~4,800 requests/s.
+Why not an ASGI app on the server of 10250 and 10255 (``asgi_server``): liveness probes and
+monitoring poll this port, and it must answer fast while the agent is busy. Measured on this
+machine (2 vCPUs, 50 keep-alive clients at 100 requests/s, bench/README.md), when those ports
+ran Hypercorn: a no-op ASGI app answered with a p99 of 5.4-6.0 ms and at most ~820 requests/s
+flat out, a bare Quart-Trio app 7-8 ms; this server, h11 framing on a trio stream and the
+answer written directly, 1.9 ms and ~4,800 requests/s. Quart's own cost per request remains
+whatever the server under it.
 
 It speaks HTTP/1.1 only (keep-alive, pipelining, HTTP/1.0 clients), GET and HEAD. Limits as
 on the other ports: request head size (431), number of connections, and one timeout for each
@@ -16,13 +18,9 @@ be reading); a request body is read and dropped, up to ``max_body_bytes`` (413).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
-from contextlib import suppress
-from email.utils import formatdate
 from functools import partial
 from http import HTTPStatus
-from typing import cast
 from urllib.parse import unquote, urlsplit
 
 import h11
@@ -30,32 +28,14 @@ import trio
 
 from trio_kubelet.server.connections import HTTPLimits, limit_connections
 from trio_kubelet.server.health import NodeHealth
+from trio_kubelet.server.http1 import CLOSE, error_answer, http_date, next_event
 
 log = logging.getLogger(__name__)
 
 __all__ = ["serve_healthz"]
 
 _METHODS = (b"GET", b"HEAD")
-
-
-class _HTTPDate:
-    """The ``Date`` header, formatted once a second rather than per response."""
-
-    def __init__(self) -> None:
-        self._second = -1
-        self._value = b""
-
-    def now(self) -> bytes:
-        second = int(time.time())
-        if second != self._second:
-            self._second = second
-            self._value = formatdate(second, usegmt=True).encode()
-        return self._value
-
-
-_DATE = _HTTPDate()
 Answer = tuple[int, str, Sequence[tuple[bytes, bytes]]]
-_CLOSE = ((b"connection", b"close"),)
 
 
 def _answer(health: NodeHealth, request: h11.Request) -> Answer:
@@ -80,7 +60,7 @@ def _response(conn: h11.Connection, answer: Answer, head_only: bool = False) -> 
     status, body, extra = answer
     data = body.encode()
     headers = [(b"content-type", b"text/plain; charset=utf-8"),
-               (b"x-content-type-options", b"nosniff"), (b"date", _DATE.now()),
+               (b"x-content-type-options", b"nosniff"), (b"date", http_date()),
                (b"content-length", str(len(data)).encode()), *extra]
     out = conn.send(h11.Response(status_code=status, headers=headers,
                                  reason=HTTPStatus(status).phrase.encode())) or b""
@@ -89,39 +69,16 @@ def _response(conn: h11.Connection, answer: Answer, head_only: bool = False) -> 
     return out + (conn.send(h11.EndOfMessage()) or b"")
 
 
-async def _next_event(conn: h11.Connection, stream: trio.SocketStream,
-                      head_bytes: int | None = None) -> h11.Event | None:
-    """The connection's next event, reading as needed; None when the client has gone.
-
-    With ``head_bytes`` (reading a request head), a head bigger than that is refused
-    (431), whatever the sizes of the reads it arrives in: h11's own limit only applies
-    to what is still incomplete after a read, so a head a little past it was accepted.
-    """
-    left = head_bytes
-    while True:
-        event = conn.next_event()
-        if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
-            return None
-        if event is not h11.NEED_DATA:
-            return cast(h11.Event, event)
-        if left is not None and left <= 0:
-            raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
-        data = await stream.receive_some(65536 if left is None else min(65536, left))
-        if left is not None:
-            left -= len(data)
-        conn.receive_data(data)
-
-
 async def _read_request(conn: h11.Connection, stream: trio.SocketStream,
                         max_head_bytes: int, max_body_bytes: int
                         ) -> tuple[h11.Request, bool] | None:
     """The next request and whether it was read to its end (False: its body is bigger than
     ``max_body_bytes``, and the rest is left unread); None: the client closed the connection."""
-    request = await _next_event(conn, stream, max_head_bytes)
+    request = await next_event(conn, stream, max_head_bytes)
     if not isinstance(request, h11.Request):
         return None
     received = 0
-    while (event := await _next_event(conn, stream)) is not None:
+    while (event := await next_event(conn, stream)) is not None:
         if isinstance(event, h11.EndOfMessage):
             return request, True
         if isinstance(event, h11.Data):
@@ -139,7 +96,7 @@ async def _exchange(health: NodeHealth, conn: h11.Connection, stream: trio.Socke
         return False
     request, complete = read
     answer = (_answer(health, request) if complete
-              else (413, "Request Entity Too Large\n", _CLOSE))
+              else (413, "Request Entity Too Large\n", CLOSE))
     await stream.send_all(_response(conn, answer, head_only=request.method == b"HEAD"))
     if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
         return False  # the request asked to close, or its body was left unread
@@ -157,36 +114,14 @@ async def _serve_connection(health: NodeHealth, limits: HTTPLimits,
             with trio.move_on_after(limits.idle_timeout):
                 going = await _exchange(health, conn, stream, limits)
     except h11.RemoteProtocolError as exc:
-        status = exc.error_status_hint
         log.debug("Bad request on the healthz port: %s", exc)
-        if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            text = f"{status} {HTTPStatus(status).phrase}"
-            # The client may have left already; it gets its answer if it has not.
-            with trio.move_on_after(limits.idle_timeout), suppress(trio.BrokenResourceError,
-                                                                   trio.ClosedResourceError):
-                await stream.send_all(_response(conn, (status, text, _CLOSE)))
-                await _close_write_and_wait(stream)
+        await error_answer(conn, stream, exc.error_status_hint, limits.idle_timeout)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass  # the client left
     except Exception as exc:  # one broken connection must never take the server down
         log.error("healthz connection failed: %s: %s", type(exc).__name__, exc)
     finally:
         await trio.aclose_forcefully(stream)
-
-
-# After an error answer, how long the rest of the request is read and dropped before the
-# connection is closed (Go's rstAvoidanceDelay): closing with unread data makes the kernel
-# reset the connection, and the client may lose the answer it was sent.
-_RST_AVOIDANCE_DELAY = 0.5
-
-
-async def _close_write_and_wait(stream: trio.SocketStream) -> None:
-    """Half-close, then drop what the client still sends, for a moment (Go's
-    ``closeWriteAndWait``)."""
-    await stream.send_eof()
-    with trio.move_on_after(_RST_AVOIDANCE_DELAY):
-        while await stream.receive_some(65536):
-            pass
 
 
 async def serve_healthz(health: NodeHealth, listeners: Sequence[trio.SocketListener], *,

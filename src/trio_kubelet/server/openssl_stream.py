@@ -22,7 +22,9 @@ __all__ = ["ALPN_PROTOCOLS", "OpenSSLStream", "server_context"]
 
 # TLS 1.2 suites: forward secret AEAD only (what HTTP/2 requires); TLS 1.3 suites are all fine.
 _TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
-ALPN_PROTOCOLS = ("h2", "http/1.1")
+# HTTP/1.1 only: the kubelet's server speaks no HTTP/2 (asgi_server); a client that offers h2
+# falls back, as Go's does.
+ALPN_PROTOCOLS = ("http/1.1",)
 _READ_SIZE = 65536  # one transport read; also what receive_some(None) decrypts at most
 _WRITE_CHUNK = 65536  # plaintext encrypted per step of send_all, which bounds buffered ciphertext
 _CLOSE_NOTIFY_TIMEOUT = 1.0  # aclose must not hang on a peer that stopped reading

@@ -4,7 +4,7 @@ For ``/exec``, ``/attach`` and ``/portForward`` the kubelet asks the runtime (CR
 PortForward) for a one-time streaming URL and proxies the client's upgraded connection to it
 both ways, as the Go kubelet does. Two kinds of upgrade arrive:
 
-* websockets (clients talking to the kubelet directly), through Hypercorn: the subprotocol is
+* websockets (clients talking to the kubelet directly): the subprotocol is
   negotiated per leg: the client is accepted with the protocol it asked for, the runtime is
   offered the protocol with the same framing it speaks (containerd 1.6 has no
   ``v5.channel.k8s.io``; v5 is v4 plus a client "close stdin" signal, which is dropped on the
@@ -37,6 +37,7 @@ from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.cri.runtime import v1
 from trio_kubelet.runtime.crilog import go_quote
 from trio_kubelet.runtime.errors import CRIError, CRINotFound, CRIResourceExhausted
+from trio_kubelet.server.asgi_server import MAX_MESSAGE_BYTES
 from trio_kubelet.server.idle import IdleTimer
 from trio_kubelet.server.routes_logs import text_error
 from trio_kubelet.server.spdy_proxy import RAW_UPGRADE, RawUpgrade, UpstreamError, dial_upgrade
@@ -80,11 +81,10 @@ _V5_CLOSE_CHANNEL = 255
 
 RUNTIME_CONNECT_TIMEOUT = 10.0
 RUNTIME_DISCONNECT_TIMEOUT = 5.0
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # hypercorn's own websocket limit
 
 _SPDY_UNSUPPORTED = (
-    "SPDY/3.1 upgrades are not supported on this connection: the kubelet takes them only as the "
-    "first request of an HTTP/1.1 connection; open a new connection, or connect with a websocket, "
+    "SPDY/3.1 upgrades are not supported on this connection: the kubelet takes them only as "
+    "HTTP/1.1 requests without a body; send one so, or connect with a websocket, "
     "subprotocol {protocols}")
 _UPGRADE_REQUIRED = "Upgrade request required"
 # Headers of a runtime's refusal that describe its connection, not the answer.

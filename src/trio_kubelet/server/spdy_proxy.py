@@ -1,19 +1,15 @@
-"""SPDY/3.1 upgrades of ``/exec``, ``/attach`` and ``/portForward``, served below Hypercorn.
+"""SPDY/3.1 upgrades of ``/exec``, ``/attach`` and ``/portForward``, relayed to the runtime.
 
 The API server speaks SPDY/3.1 to the kubelet for exec, attach and port-forward (it translates a
 client's websocket to SPDY), and the runtime's streaming server speaks SPDY itself: like the Go
 kubelet, we relay the upgrade request to the runtime's one-time URL, relay its ``101`` and then
-copy bytes both ways, without understanding a single SPDY frame. Hypercorn cannot take part: it
-hands an ASGI app websockets and h2c, never the socket of any other ``Upgrade``.
-
-So the accept loop (``serve.py``) reads each connection's first request head itself
-(``read_first_request``). Anything but an SPDY upgrade on a streaming path goes to Hypercorn with
-the bytes read put back. An SPDY upgrade is given to the same ASGI app by ``serve_upgrade``, a
-one-request HTTP/1.1 server: the app authenticates, authorises, routes, counts and answers errors
-exactly as for any request, and finds the connection in the scope (extension ``RAW_UPGRADE``,
-a ``RawUpgrade``). The streaming view dials the runtime (``dial_upgrade``) and, on ``101``, hands
-the connection over (``RawUpgrade.splice``). Only a connection's first request can be such an
-upgrade; clients open a new connection for each upgrade anyway.
+copy bytes both ways, without understanding a single SPDY frame. ASGI has no way to hand an app
+the socket of an ``Upgrade`` other than a websocket, so the server (``asgi_server``) recognises an
+SPDY upgrade (``is_spdy_upgrade``) and gives it to the same ASGI app through ``serve_upgrade``: the
+app authenticates, authorises, routes, counts and answers errors exactly as for any request, and
+finds the connection in the scope (extension ``RAW_UPGRADE``, a ``RawUpgrade``). The streaming
+view dials the runtime (``dial_upgrade``) and, on ``101``, hands the connection over
+(``RawUpgrade.splice``).
 """
 
 from __future__ import annotations
@@ -21,14 +17,13 @@ from __future__ import annotations
 import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
-from http import HTTPStatus
-from typing import Any, cast
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import h11
 import trio
-from hypercorn.typing import ASGIFramework, ASGIReceiveEvent, ASGISendEvent, Scope
 
+from trio_kubelet.server.asgi import ASGIApp, Message, Scope
+from trio_kubelet.server.http1 import READ_SIZE, header, reason
 from trio_kubelet.server.idle import IdleTimer
 
 __all__ = [
@@ -38,19 +33,15 @@ __all__ = [
     "UpstreamAnswer",
     "UpstreamError",
     "dial_upgrade",
-    "read_first_request",
+    "is_spdy_upgrade",
     "serve_upgrade",
     "splice",
 ]
 
 # The ASGI scope extension under which ``serve_upgrade`` offers the request's connection.
 RAW_UPGRADE = "trio_kubelet.raw_upgrade"
-MAX_RECV = 2**16  # Hypercorn's read size
 CLOSE_TIMEOUT = 5.0  # for a TLS close_notify to a client that does not read
 MAX_ANSWER_BODY = 64 * 1024  # of a runtime's refusal, passed on to the client
-# Request lines that may start an upgrade we serve; any other first request goes to Hypercorn.
-_STREAMING_REQUEST_LINES = tuple(f"{method} /{path}/".encode() for method in ("GET", "POST")
-                                 for path in ("exec", "attach", "portForward"))
 # What of the client's request the runtime gets besides Host: what the upgrade needs, no
 # credentials (the Go proxy sends every header on).
 _FORWARDED_HEADERS = frozenset({b"upgrade", b"connection", b"x-stream-protocol-version"})
@@ -58,12 +49,12 @@ _FORWARDED_HEADERS = frozenset({b"upgrade", b"connection", b"x-stream-protocol-v
 Headers = list[tuple[bytes, bytes]]
 
 
-# -- the first request of a connection ----------------------------------------------------------
+# -- the request -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class UpgradeRequest:
-    """A connection's first request, an SPDY upgrade on a streaming path; not yet answered."""
+    """An SPDY upgrade request, read to its end; not yet answered."""
 
     connection: h11.Connection  # server side, waiting for our answer to the proposed switch
     request: h11.Request
@@ -71,55 +62,10 @@ class UpgradeRequest:
     early: bytes  # what the client sent after the request head
 
 
-def _may_be_streaming(data: bytes) -> bool:
-    return any(data.startswith(line) or line.startswith(data)
-               for line in _STREAMING_REQUEST_LINES)
-
-
-async def read_first_request(stream: trio.abc.ReceiveStream,
-                             max_head_bytes: int) -> bytes | UpgradeRequest:
-    """The first request of a connection: an ``UpgradeRequest``, or the bytes read so far.
-
-    An ordinary request is decided on its first bytes (usually one read holds the whole head)
-    and returned unparsed, to be handed to Hypercorn; ``b""`` means the client closed without a
-    word. Only a request line on a streaming path is read to the end of its head. Callers bound
-    the time this takes.
-    """
-    data = b""
-    while True:
-        chunk = await stream.receive_some(MAX_RECV)
-        data += chunk
-        if not chunk or not _may_be_streaming(data):
-            return data
-        if b"\r\n\r\n" in data or len(data) > max_head_bytes:
-            return _spdy_upgrade(data, max_head_bytes) or data
-
-
-def _spdy_upgrade(data: bytes, max_head_bytes: int) -> UpgradeRequest | None:
-    """``data`` parsed, if it is a complete SPDY upgrade request without a body.
-
-    An upgrade request is one whose Connection header mentions ``upgrade``, as Go's
-    ``httpstream.IsUpgradeRequest`` has it; websockets, malformed requests and requests with a
-    body are left to Hypercorn.
-    """
-    connection = h11.Connection(h11.SERVER, max_incomplete_event_size=max_head_bytes)
-    connection.receive_data(data)
-    try:
-        request = connection.next_event()
-        end = connection.next_event()
-        if not isinstance(request, h11.Request) or not isinstance(end, h11.EndOfMessage) \
-                or b"upgrade" not in _header(request, b"connection") \
-                or b"spdy/" not in _header(request, b"upgrade"):
-            return None
-        path = unquote(request.target.partition(b"?")[0].decode("ascii"))
-    except (h11.RemoteProtocolError, UnicodeDecodeError):
-        return None
-    return UpgradeRequest(connection, request, path, connection.trailing_data[0])
-
-
-def _header(request: h11.Request, name: bytes) -> bytes:
-    """All values of header ``name``, lower case, comma-joined."""
-    return b",".join(value for key, value in request.headers if key == name).lower()
+def is_spdy_upgrade(request: h11.Request) -> bool:
+    """Whether ``request`` asks for an SPDY upgrade: its Connection header mentions ``upgrade``
+    (Go's ``httpstream.IsUpgradeRequest``) and its Upgrade header names ``SPDY/…``."""
+    return b"upgrade" in header(request, b"connection") and b"spdy/" in header(request, b"upgrade")
 
 
 # -- serving it through the app ------------------------------------------------------------------
@@ -164,7 +110,7 @@ class RawUpgrade:
         return await splice(self._stream, self._upgrade.early, answer.stream, answer.early,
                             idle=idle)
 
-    async def respond(self, message: ASGISendEvent) -> None:
+    async def respond(self, message: Message) -> None:
         """Write an ASGI ``http.response.*`` message; the connection closes after the answer."""
         if self.switched:
             return
@@ -173,7 +119,7 @@ class RawUpgrade:
             status = int(message["status"])
             headers = [*message.get("headers", ()), (b"connection", b"close")]
             data = connection.send(h11.Response(status_code=status, headers=headers,
-                                                reason=_reason(status)))
+                                                reason=reason(status)))
         elif message["type"] == "http.response.body":
             data = connection.send(h11.Data(data=message.get("body", b"")))
             if not message.get("more_body", False):
@@ -183,35 +129,17 @@ class RawUpgrade:
         await self._stream.send_all(data)
 
 
-def _reason(status: int) -> bytes:
-    try:
-        return HTTPStatus(status).phrase.encode()
-    except ValueError:
-        return b""
-
-
-async def serve_upgrade(app: ASGIFramework, stream: trio.abc.Stream, upgrade: UpgradeRequest, *,
-                        scheme: str, client: tuple[str, int] | None,
-                        server: tuple[str, int] | None, state: dict[str, Any]) -> None:
-    """Run ``app`` for this one request, then close the connection.
-
-    The scope is what Hypercorn would build, plus the ``RAW_UPGRADE`` extension. The request has
-    no body; ``receive`` then waits forever, since the end of the session is not an ASGI event
-    here (the view sees the connection end itself).
-    """
+async def serve_upgrade(app: ASGIApp, stream: trio.abc.Stream, upgrade: UpgradeRequest,
+                        scope: Scope) -> None:
+    """Run ``app`` for this one request (``scope``, to which the ``RAW_UPGRADE`` extension is
+    added), then close the connection. The request has no body; ``receive`` then waits forever,
+    since the end of the session is not an ASGI event here (the view sees the connection end
+    itself)."""
     raw = RawUpgrade(stream, upgrade)
-    request = upgrade.request
-    path, _, query = request.target.partition(b"?")
-    scope = {
-        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": request.http_version.decode(), "method": request.method.decode(),
-        "scheme": scheme, "path": upgrade.path, "raw_path": path, "query_string": query,
-        "root_path": "", "headers": list(request.headers), "client": client, "server": server,
-        "state": state, "extensions": {RAW_UPGRADE: raw},
-    }
+    scope = {**scope, "extensions": {**(scope.get("extensions") or {}), RAW_UPGRADE: raw}}
     requested = False
 
-    async def receive() -> ASGIReceiveEvent:
+    async def receive() -> Message:
         nonlocal requested
         if requested:
             await trio.sleep_forever()
@@ -219,7 +147,7 @@ async def serve_upgrade(app: ASGIFramework, stream: trio.abc.Stream, upgrade: Up
         return {"type": "http.request", "body": b"", "more_body": False}
 
     try:
-        await app(cast(Scope, scope), receive, raw.respond)
+        await app(scope, receive, raw.respond)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass  # the client left before its answer
     finally:
@@ -289,7 +217,7 @@ async def _read_answer(stream: trio.abc.Stream, connection: h11.Connection) -> U
     while True:
         event = connection.next_event()
         if event is h11.NEED_DATA:
-            connection.receive_data(bytes(await stream.receive_some(MAX_RECV)))
+            connection.receive_data(bytes(await stream.receive_some(READ_SIZE)))
         elif isinstance(event, h11.InformationalResponse) and event.status_code == 101:
             return UpstreamAnswer(101, event.reason, list(event.headers.raw_items()),
                                   stream=stream, early=connection.trailing_data[0])
@@ -327,7 +255,7 @@ async def splice(client: trio.abc.Stream, client_early: bytes, runtime: trio.abc
             if early:
                 await sink.send_all(early)
                 copied[index] += len(early)
-            while chunk := await source.receive_some(MAX_RECV):
+            while chunk := await source.receive_some(READ_SIZE):
                 idle.touch()
                 await sink.send_all(chunk)
                 copied[index] += len(chunk)

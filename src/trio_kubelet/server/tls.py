@@ -208,7 +208,7 @@ def ensure_serving_certificate(options: AgentOptions) -> ServingCertificate:
 
 def server_tls_context(cert: ServingCertificate, client_ca_file: str | None = None
                        ) -> SSL.Context:
-    """The server context: TLS ≥ 1.2, h2 + http/1.1, and client certificates requested
+    """The server context: TLS ≥ 1.2, ALPN http/1.1, and client certificates requested
     (not required) and checked against ``client_ca_file`` when one is given.
 
     Only ``client_ca_file`` is trusted for client certificates, never the system store;
