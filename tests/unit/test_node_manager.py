@@ -25,7 +25,12 @@ from trio_kubelet.cli import parse_run_options
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.config import AgentOptions
 from trio_kubelet.node.manager import NodeHealth, NodeManager, RuntimeProbe
-from trio_kubelet.node.registration import MachineFacts
+from trio_kubelet.node.registration import (
+    MachineFacts,
+    RuntimeFeatures,
+    RuntimeHandlerFeatures,
+)
+from trio_kubelet.runtime.cri.runtime import v1
 
 NODE = "node-a"
 MACHINE = MachineFacts(num_cores=2, memory_bytes=4 * 1024**3, ephemeral_storage_bytes=10 * 1024**3)
@@ -290,13 +295,19 @@ async def test_a_lease_conflict_rereads_the_lease(autojump_clock: trio.testing.M
 class FakeRuntime:
     def __init__(self) -> None:
         self.conditions = [("RuntimeReady", True), ("NetworkReady", False)]
+        self.handlers: list[v1.RuntimeHandler] = []
+        self.features: v1.RuntimeFeatures | None = None
 
-    async def status(self) -> Any:
+    async def status(self) -> v1.StatusResponse:
         conditions = [
-            type("Condition", (), {"type": t, "status": s, "reason": "R", "message": "M"})
+            v1.RuntimeCondition(type=t, status=s, reason="R", message="M")
             for t, s in self.conditions
         ]
-        return type("Answer", (), {"status": type("Status", (), {"conditions": conditions})})
+        return v1.StatusResponse(
+            status=v1.RuntimeStatus(conditions=conditions),
+            runtime_handlers=self.handlers,
+            features=self.features,
+        )
 
     async def version(self) -> Any:
         return type("Version", (), {"runtime_name": "containerd", "runtime_version": "v1.7.2"})
@@ -312,5 +323,24 @@ async def test_runtime_probe_feeds_the_health(autojump_clock: trio.testing.MockC
         "container runtime network not ready: NetworkReady=false reason:R message:M"
     )
     assert health.runtime_version() == ("containerd", "v1.7.2")
+    assert health.runtime_features() is None  # a runtime naming no handlers (containerd 1.6)
     await trio.sleep(31)
     assert health.runtime_errors() == ["container runtime is down"]
+
+
+async def test_runtime_probe_reads_the_handlers_and_features_the_runtime_names() -> None:
+    runtime = FakeRuntime()
+    runtime.handlers = [
+        v1.RuntimeHandler(name="", features=v1.RuntimeHandlerFeatures(user_namespaces=True)),
+        v1.RuntimeHandler(name="runc"),
+    ]
+    runtime.features = v1.RuntimeFeatures(supplemental_groups_policy=True)
+    probe = RuntimeProbe(runtime)
+    await probe.probe()
+    assert probe.health(lambda: None).runtime_features() == RuntimeFeatures(
+        handlers=(
+            RuntimeHandlerFeatures("", user_namespaces=True),
+            RuntimeHandlerFeatures("runc"),
+        ),
+        supplemental_groups_policy=True,
+    )

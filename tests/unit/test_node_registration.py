@@ -16,6 +16,8 @@ from trio_kubelet.node.registration import (
     KUBELET_VERSION,
     Amount,
     MachineFacts,
+    RuntimeFeatures,
+    RuntimeHandlerFeatures,
     StatusInputs,
     allocatable_reservation,
     changed_fields,
@@ -385,3 +387,25 @@ def test_node_status_lists_images_once_they_are_known() -> None:
     status = node_status(opts, inputs, {}, 0.0)
     assert [i["sizeBytes"] for i in status["images"]] == [2]
     assert changed_fields({**status, "images": []}, status) == ["images"]
+
+
+def test_runtime_handlers_and_features_are_reported_as_the_runtime_states_them() -> None:
+    features = RuntimeFeatures(
+        handlers=(
+            RuntimeHandlerFeatures("", recursive_read_only_mounts=True),
+            RuntimeHandlerFeatures("runc", recursive_read_only_mounts=True, user_namespaces=True),
+        ),
+        supplemental_groups_policy=True,
+    )
+    status = node_status(options(), replace(INPUTS, features=features), {}, 0.0)
+    assert status["runtimeHandlers"] == [
+        {"name": "", "features": {"recursiveReadOnlyMounts": True, "userNamespaces": False}},
+        {"name": "runc", "features": {"recursiveReadOnlyMounts": True, "userNamespaces": True}},
+    ]
+    assert status["features"] == {"supplementalGroupsPolicy": True}
+    # A runtime that names no features (containerd 1.6): neither field.
+    silent = node_status(options(), INPUTS, {}, 0.0)
+    assert "runtimeHandlers" not in silent and "features" not in silent
+    handlers_only = replace(features, supplemental_groups_policy=None)
+    status = node_status(options(), replace(INPUTS, features=handlers_only), {}, 0.0)
+    assert "features" not in status and len(status["runtimeHandlers"]) == 2

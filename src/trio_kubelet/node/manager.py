@@ -31,6 +31,8 @@ from trio_kubelet.node.lease import LeaseController
 from trio_kubelet.node.machine import internal_ips, read_machine_facts
 from trio_kubelet.node.registration import (
     MachineFacts,
+    RuntimeFeatures,
+    RuntimeHandlerFeatures,
     StatusInputs,
     changed_fields,
     initial_node,
@@ -62,6 +64,10 @@ def _no_images() -> Sequence[ListedImage] | None:
     return None
 
 
+def _no_features() -> RuntimeFeatures | None:
+    return None
+
+
 @dataclass(frozen=True)
 class NodeHealth:
     """What the Ready condition and nodeInfo need from the rest of the agent.
@@ -84,6 +90,7 @@ class NodeHealth:
     pid_pressure: Callable[[], bool] = _no_pressure
     shutdown_error: Callable[[], str | None] = _no_error
     images: Callable[[], Sequence[ListedImage] | None] = _no_images
+    runtime_features: Callable[[], RuntimeFeatures | None] = _no_features
 
 
 class NodePressure(Protocol):
@@ -108,6 +115,30 @@ class RuntimeStatusSource(Protocol):
     async def version(self) -> Any: ...
 
 
+def runtime_features(answer: Any) -> RuntimeFeatures | None:
+    """The handlers and features of a CRI StatusResponse; None when it names neither
+    (containerd 1.6), so the node reports neither, as Go's setters do then."""
+    handlers = tuple(
+        RuntimeHandlerFeatures(
+            name=handler.name,
+            recursive_read_only_mounts=bool(
+                handler.features and handler.features.recursive_read_only_mounts
+            ),
+            user_namespaces=bool(handler.features and handler.features.user_namespaces),
+        )
+        for handler in answer.runtime_handlers
+    )
+    features = answer.features
+    if not handlers and features is None:
+        return None
+    return RuntimeFeatures(
+        handlers=handlers,
+        supplemental_groups_policy=(
+            None if features is None else features.supplemental_groups_policy
+        ),
+    )
+
+
 class RuntimeProbe:
     """Go's updateRuntimeUp: ask the CRI runtime for its status every 5 s, remember its answer.
 
@@ -120,6 +151,7 @@ class RuntimeProbe:
         self.runtime_error: str | None = None
         self.network: str | None = None
         self.version: tuple[str, str] | None = None
+        self.features: RuntimeFeatures | None = None
 
     async def run(self) -> NoReturn:
         while True:
@@ -144,6 +176,7 @@ class RuntimeProbe:
         )
         if self.runtime_error is None:
             self.last_runtime_ok = trio.current_time()
+        self.features = runtime_features(answer)
         try:
             version = await self.runtime.version()
         except CRIError:
@@ -167,6 +200,7 @@ class RuntimeProbe:
             pleg_error=pleg_error,
             network_error=lambda: self.network,
             runtime_version=lambda: self.version,
+            runtime_features=lambda: self.features,
         )
         if pressure is None:
             return health
@@ -330,6 +364,7 @@ class NodeManager:
             pid_pressure=health.pid_pressure(),
             shutdown_error=health.shutdown_error(),
             images=None if (images := health.images()) is None else tuple(images),
+            features=health.runtime_features(),
         )
 
 

@@ -93,6 +93,25 @@ class StatusInputs:
     pid_pressure: bool = False
     # The runtime's images (the last listing); None: not listed yet, status.images left out.
     images: tuple[ListedImage, ...] | None = None
+    # What the runtime's Status answer says it supports; None: no answer yet, or no features.
+    features: RuntimeFeatures | None = None
+
+
+@dataclass(frozen=True)
+class RuntimeHandlerFeatures:
+    """One runtime handler (a RuntimeClass's handler; "" the default) and what it supports."""
+
+    name: str
+    recursive_read_only_mounts: bool = False
+    user_namespaces: bool = False
+
+
+@dataclass(frozen=True)
+class RuntimeFeatures:
+    """The CRI Status answer's handlers and runtime-wide features, as the node reports them."""
+
+    handlers: tuple[RuntimeHandlerFeatures, ...] = ()
+    supplemental_groups_policy: bool | None = None  # None: the runtime did not say
 
 
 # --- quantities -----------------------------------------------------------------------------
@@ -311,6 +330,28 @@ def node_status(
     }
     if inputs.images is not None:
         status["images"] = node_images(inputs.images, config.node_status_max_images)
+    if inputs.features is not None:
+        status.update(runtime_feature_status(inputs.features))
+    return status
+
+
+def runtime_feature_status(features: RuntimeFeatures) -> dict[str, Any]:
+    """status.runtimeHandlers and status.features as Go's setters fill them (both gates on
+    in 1.36): every handler with both flags; features only when the runtime reported them."""
+    status: dict[str, Any] = {}
+    if features.handlers:
+        status["runtimeHandlers"] = [
+            {
+                "name": handler.name,
+                "features": {
+                    "recursiveReadOnlyMounts": handler.recursive_read_only_mounts,
+                    "userNamespaces": handler.user_namespaces,
+                },
+            }
+            for handler in features.handlers
+        ]
+    if features.supplemental_groups_policy is not None:
+        status["features"] = {"supplementalGroupsPolicy": features.supplemental_groups_policy}
     return status
 
 
