@@ -343,6 +343,7 @@ def test_kubectl_top_shows_the_node_and_a_pod_through_metrics_server(
         api.delete(f"{PODS}/{POD}")
         api.wait(f"{PODS}/{POD}", lambda found: found is None, what="the pod deleted")
 
+    print(node, pod)
     assert node["NAME"] == NODE
     assert pod["NAME"] == POD
     node_memory, pod_memory = quantity(node["MEMORY(bytes)"], "Mi"), quantity(

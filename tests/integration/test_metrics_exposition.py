@@ -103,5 +103,6 @@ async def test_promtool_finds_nothing_wrong_with_the_four_endpoints(containerd, 
     assert 'container_memory_working_set_bytes{container="web"' in answers["/metrics/cadvisor"]
     assert "kubelet_running_pods 1" in answers["/metrics"]
     findings = {path: lint(promtool, text) for path, text in answers.items()}
+    print(findings)
     assert {path: unexpected(found) for path, found in findings.items()} == {
         path: [] for path in ENDPOINTS}
