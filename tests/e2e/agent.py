@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from tests.e2e.csr import CSRS
 from tests.net import free_port
 
 if TYPE_CHECKING:
@@ -200,6 +201,18 @@ def node_admin(client: httpx.Client, node: str, ca: Path) -> Iterator[Api]:
     yield admin
     for pod in (admin.get(f"{PODS}?fieldSelector=spec.nodeName={node}") or {})["items"]:
         admin.delete(f"{PODS}/{pod['metadata']['name']}", grace=0)
+
+
+@contextmanager
+def joining_node_admin(cp: ControlPlane, node: str) -> Iterator[Api]:
+    """node_admin on ``cp`` for a node that joins it; after, the Node object and the node's
+    certificate signing requests are deleted too."""
+    with cp.admin() as client, node_admin(client, node, cp.ca) as admin:
+        yield admin
+        admin.delete(f"/api/v1/nodes/{node}")
+        for csr in (admin.get(CSRS) or {}).get("items", []):
+            if csr["spec"]["username"] == f"system:node:{node}":
+                admin.delete(f"{CSRS}/{csr['metadata']['name']}")
 
 
 def pod_manifest(name: str, node: str, image: str, command: list[str], **spec: Any) -> JSON:

@@ -23,7 +23,7 @@ from tests.e2e.agent import (
     AgentProcess,
     Api,
     condition,
-    node_admin,
+    joining_node_admin,
     pod_manifest,
     unmount_under,
 )
@@ -85,12 +85,8 @@ def render_exec_start(root: Path, unit: Path, drop_in: Path) -> list[str]:
 
 @pytest.fixture
 def api(join_control_plane: ControlPlane) -> Iterator[Api]:
-    with (
-        join_control_plane.admin() as client,
-        node_admin(client, NODE, join_control_plane.ca) as admin,
-    ):
+    with joining_node_admin(join_control_plane, NODE) as admin:
         yield admin
-        admin.delete(f"/api/v1/nodes/{NODE}")
 
 
 # An operator's shell, not the test's: a PYTHONPATH naming this checkout's src/ (with its

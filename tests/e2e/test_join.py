@@ -28,7 +28,7 @@ from tests.e2e.agent import (
     Api,
     condition,
     container_status,
-    node_admin,
+    joining_node_admin,
     pod_manifest,
     running_agent,
 )
@@ -42,16 +42,10 @@ NODE = "join-node"
 
 @pytest.fixture
 def api(join_control_plane: ControlPlane) -> Iterator[Api]:
-    with (
-        join_control_plane.admin() as client,
-        node_admin(client, NODE, join_control_plane.ca) as admin,
-    ):
+    with joining_node_admin(join_control_plane, NODE) as admin:
         yield admin
-        admin.delete(f"/api/v1/nodes/{NODE}")
         for csr in (admin.get(CSRS) or {}).get("items", []):
-            if csr["spec"]["username"] in (f"system:node:{NODE}",) or csr["metadata"][
-                "name"
-            ].startswith("node-csr-"):
+            if csr["metadata"]["name"].startswith("node-csr-"):  # the bootstrap token's
                 admin.delete(f"{CSRS}/{csr['metadata']['name']}")
 
 
