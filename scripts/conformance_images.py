@@ -13,8 +13,9 @@ beside a busybox rootfs (scripts/images.py) standing in for the upstream alpine/
 - e2e-test-images/agnhost:2.63.0 and :2.55: the agnhost built from the suite's module (2.63.0
   under both names; 2.55 differs only in a label, so the two have different image IDs as
   upstream), curl and bash with their shared libraries (specs curl from inside agnhost, probes
-  run /bin/bash), the user and group upstream's Dockerfile adds, /uploads, the porter's
-  localhost.crt/.key, entrypoint /agnhost, command `pause`.
+  run /bin/bash), Debian's netcat-openbsd as /usr/bin/nc (upstream's nc; busybox's has no -u),
+  the user and group upstream's Dockerfile adds, /uploads, the porter's localhost.crt/.key,
+  entrypoint /agnhost, command `pause`.
 - e2e-test-images/nonroot:1.5: busybox with USER 1234.
 - e2e-test-images/nonewprivs:1.4: nnp (prints its effective uid) installed set-uid root.
 - e2e-test-images/glibc-dns-testing:2.0.0: the host's (Debian's, glibc) hostname at
@@ -55,6 +56,7 @@ CURL = Path("/usr/bin/curl")
 BASH = Path("/bin/bash")
 HOSTNAME = Path("/bin/hostname")
 NGINX_PACKAGE = "nginx"  # bookworm's nginx-light is a transitional package depending on it
+NETCAT_PACKAGE = "netcat-openbsd"
 ENV = [f"PATH={DEFAULT_PATH}"]
 Tarballs = dict[str, bytes]  # file stem -> OCI image layout tarball
 
@@ -98,15 +100,29 @@ class Inputs:
             sys.exit(f"conformance_images.py: {path} missing (run scripts/build-conformance)")
         return path.read_bytes()
 
-    def nginx_deb(self) -> Path:
-        """Debian's nginx package file, downloaded into the cache once."""
+    def deb(self, package: str) -> Path:
+        """Debian's PACKAGE file, downloaded into the cache once."""
         debs = self.cache_dir / "debs"
         debs.mkdir(parents=True, exist_ok=True)
-        found = sorted(debs.glob(f"{NGINX_PACKAGE}_*.deb"))
+        found = sorted(debs.glob(f"{package}_*.deb"))
         if not found:
-            subprocess.run(["apt-get", "download", "-q", NGINX_PACKAGE], cwd=debs, check=True)
-            found = sorted(debs.glob(f"{NGINX_PACKAGE}_*.deb"))
+            subprocess.run(["apt-get", "download", "-q", package], cwd=debs, check=True)
+            found = sorted(debs.glob(f"{package}_*.deb"))
         return found[-1]
+
+    def deb_binary(self, package: str, member: str, scratch: Path) -> Path:
+        """The executable MEMBER (``./usr/sbin/nginx``) of Debian's PACKAGE, written into
+        SCRATCH so that `ldd` can read it."""
+        contents = subprocess.run(
+            ["dpkg-deb", "--fsys-tarfile", str(self.deb(package))], check=True, capture_output=True
+        ).stdout
+        with tarfile.open(fileobj=io.BytesIO(contents)) as tar:
+            source = tar.extractfile(tar.getmember(member))
+            assert source is not None
+            extracted = scratch / member.rsplit("/", 1)[-1]
+            extracted.write_bytes(source.read())
+        extracted.chmod(0o755)
+        return extracted
 
 
 def shared_libraries(binary: Path) -> list[Path]:
@@ -145,7 +161,7 @@ def busybox_image(inputs: Inputs) -> Tarballs:
     return {"busybox": image_layout(base().tar(), config, (f"{E2E}/busybox:1.37.0-1",))}
 
 
-def agnhost_layer(inputs: Inputs) -> bytes:
+def agnhost_layer(inputs: Inputs, scratch: Path) -> bytes:
     layer = base(AGNHOST_PASSWD, AGNHOST_GROUP)
     layer.file("agnhost", inputs.built("agnhost"), 0o755)
     layer.symlink("agnhost-2", "agnhost")
@@ -155,11 +171,16 @@ def agnhost_layer(inputs: Inputs) -> bytes:
         layer.file(name, inputs.built(f"agnhost-{name}"))
     add_dynamic(layer, CURL, "usr/bin/curl")
     add_dynamic(layer, BASH, "bin/bash")  # probe specs run /bin/bash
+    # Upstream's netcat-openbsd: the node-pod UDP spec runs `nc -w 1 -u`, which this busybox's
+    # nc lacks; ahead of busybox's nc on PATH.
+    netcat = inputs.deb_binary(NETCAT_PACKAGE, "./bin/nc.openbsd", scratch)
+    add_dynamic(layer, netcat, "usr/bin/nc")
     return layer.tar()
 
 
 def agnhost_images(inputs: Inputs) -> Tarballs:
-    layer = agnhost_layer(inputs)
+    with tempfile.TemporaryDirectory(prefix="trio-kubelet-agnhost-") as scratch:
+        layer = agnhost_layer(inputs, Path(scratch))
     return {
         f"agnhost-{version}": image_layout(
             layer,
@@ -200,19 +221,10 @@ def glibc_dns_testing_image(inputs: Inputs) -> Tarballs:
 
 def nginx_layer(inputs: Inputs, scratch: Path) -> bytes:
     """nginx from the package (ldd reads it from SCRATCH) with its libraries from the host."""
-    deb = inputs.nginx_deb()
-    extracted = scratch / "nginx"
-    package = subprocess.run(
-        ["dpkg-deb", "--fsys-tarfile", str(deb)], check=True, capture_output=True
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(package)) as tar:
-        member = tar.getmember("./usr/sbin/nginx")
-        source = tar.extractfile(member)
-        assert source is not None
-        extracted.write_bytes(source.read())
-    extracted.chmod(0o755)
     layer = base(NGINX_PASSWD, NGINX_GROUP)
-    add_dynamic(layer, extracted, "usr/sbin/nginx")
+    add_dynamic(
+        layer, inputs.deb_binary(NGINX_PACKAGE, "./usr/sbin/nginx", scratch), "usr/sbin/nginx"
+    )
     layer.dir("etc/nginx")
     layer.file("etc/nginx/nginx.conf", NGINX_CONF)
     layer.dir("usr/share/nginx/html")
