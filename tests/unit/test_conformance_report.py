@@ -95,7 +95,7 @@ def test_markdown_counts_and_reasons(junit: Path, monkeypatch: pytest.MonkeyPatc
     results, suite = conformance.outcomes(junit, [PASSED, FAILED, SKIPPED, NOT_RUN])
     text = conformance.markdown(results, suite, {"focus": "`x|y`"})
     assert "- focus: `x|y`" in text
-    assert "selected: **4** — passed **1**, failed **1**, skipped **1**, not run **1**" in text
+    assert "selected: **4** — passed **1**, failed **1**, skipped **1**, excluded **0**, not run **1**" in text
     failed_row = next(line for line in text.splitlines() if FAILED in line)
     assert "| failed | 12 | **kubelet**: gates ignored — failure: [FAILED] Expect" in failed_row
     passed_row = next(line for line in text.splitlines() if PASSED in line)
@@ -103,7 +103,23 @@ def test_markdown_counts_and_reasons(junit: Path, monkeypatch: pytest.MonkeyPatc
     assert "[SynchronizedAfterSuite]: [FAILED] namespaces left behind" in text
 
 
+def test_an_excluded_spec_that_did_not_run_is_excluded(junit: Path) -> None:
+    results, _ = conformance.outcomes(junit, [PASSED, NOT_RUN], ["(root,0644,tmpfs)", "host IP"])
+    assert [(result.name, result.state) for result in results] == [
+        (PASSED, "passed"),  # an exclusion that ran anyway keeps its outcome
+        (NOT_RUN, "excluded"),
+    ]
+
+
+def test_exclusions_are_skipped_as_literal_text() -> None:
+    skip = conformance.skip_with(r"\[Serial\]", ["(root,0644,tmpfs)", "a.b [x]"])
+    assert skip == r"\[Serial\]|\(root,0644,tmpfs\)|a\.b\ \[x\]"
+    assert conformance.skip_with("s", []) == "s"
+
+
 def test_the_reasons_file_is_well_formed() -> None:
     for entry in conformance.known_reasons():
-        assert set(entry) == {"spec", "kind", "why"}, entry
+        assert set(entry) - {"exclude"} == {"spec", "kind", "why"}, entry
         assert entry["kind"] in {"kubelet", "harness", "environment"}, entry
+        # Only a reason outside the kubelet may leave a spec out of the run.
+        assert not entry.get("exclude") or entry["kind"] == "environment", entry
