@@ -106,7 +106,11 @@ class Inputs:
         debs.mkdir(parents=True, exist_ok=True)
         found = sorted(debs.glob(f"{package}_*.deb"))
         if not found:
-            subprocess.run(["apt-get", "download", "-q", package], cwd=debs, check=True)
+            download = ["apt-get", "download", "-q", package]
+            if subprocess.run(download, cwd=debs).returncode != 0:
+                # A machine whose package lists were never fetched knows no package yet.
+                subprocess.run(["apt-get", "update", "-q"], check=True)
+                subprocess.run(download, cwd=debs, check=True)
             found = sorted(debs.glob(f"{package}_*.deb"))
         return found[-1]
 

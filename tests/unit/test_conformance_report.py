@@ -95,7 +95,10 @@ def test_markdown_counts_and_reasons(junit: Path, monkeypatch: pytest.MonkeyPatc
     results, suite = conformance.outcomes(junit, [PASSED, FAILED, SKIPPED, NOT_RUN])
     text = conformance.markdown(results, suite, {"focus": "`x|y`"})
     assert "- focus: `x|y`" in text
-    assert "selected: **4** — passed **1**, failed **1**, skipped **1**, excluded **0**, not run **1**" in text
+    assert (
+        "selected: **4** — passed **1**, failed **1**, skipped **1**, excluded **0**, "
+        "not run **1**"
+    ) in text
     failed_row = next(line for line in text.splitlines() if FAILED in line)
     assert "| failed | 12 | **kubelet**: gates ignored — failure: [FAILED] Expect" in failed_row
     passed_row = next(line for line in text.splitlines() if PASSED in line)
