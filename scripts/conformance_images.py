@@ -106,11 +106,12 @@ class Inputs:
         debs.mkdir(parents=True, exist_ok=True)
         found = sorted(debs.glob(f"{package}_*.deb"))
         if not found:
+            # apt's progress goes to stderr: this script's stdout is its list of tarballs.
             download = ["apt-get", "download", "-q", package]
-            if subprocess.run(download, cwd=debs).returncode != 0:
+            if subprocess.run(download, cwd=debs, stdout=sys.stderr).returncode != 0:
                 # A machine whose package lists were never fetched knows no package yet.
-                subprocess.run(["apt-get", "update", "-q"], check=True)
-                subprocess.run(download, cwd=debs, check=True)
+                subprocess.run(["apt-get", "update", "-q"], stdout=sys.stderr, check=True)
+                subprocess.run(download, cwd=debs, stdout=sys.stderr, check=True)
             found = sorted(debs.glob(f"{package}_*.deb"))
         return found[-1]
 
