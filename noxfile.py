@@ -186,3 +186,15 @@ def conformance(session: nox.Session) -> None:
     """
     args = session.posargs or ["--doc", str(ROOT / "docs" / "conformance.md")]
     session.run(PYTHON, "scripts/conformance", "run", "--lock", INTEGRATION_LOCK, *args)
+
+
+@nox.session
+def conformance_ci(session: nox.Session) -> None:
+    """The CI tier of the NodeConformance suite (scripts/conformance --tier ci): the specs of
+    the kubelet's everyday paths, on the same one-node cluster, in its own directory; fails if
+    any does not pass. Root; the first run on a machine builds the suite (docs/conformance.md).
+    """
+    session.run(
+        PYTHON, "scripts/conformance", "run", "--tier", "ci", "--procs", "3",
+        "--dir", "/tmp/tk-conformance-ci", "--lock", INTEGRATION_LOCK, *session.posargs,
+    )  # fmt: skip
