@@ -106,6 +106,17 @@ def test_markdown_counts_and_reasons(junit: Path, monkeypatch: pytest.MonkeyPatc
     assert "[SynchronizedAfterSuite]: [FAILED] namespaces left behind" in text
 
 
+def test_markdown_lists_the_exclusions_with_their_reasons(
+    junit: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entry = {"spec": "(root,0644,tmpfs)", "kind": "environment", "exclude": True, "why": "no tmpfs"}
+    monkeypatch.setattr(conformance, "known_reasons", lambda: [entry])
+    results, suite = conformance.outcomes(junit, [PASSED, NOT_RUN], ["(root,0644,tmpfs)"])
+    text = conformance.markdown(results, suite, {})
+    assert "passed **1**, failed **0**, skipped **0**, excluded **1**, not run **0**" in text
+    assert text.endswith("- `(root,0644,tmpfs)` (environment): no tmpfs\n")
+
+
 def test_an_excluded_spec_that_did_not_run_is_excluded(junit: Path) -> None:
     results, _ = conformance.outcomes(junit, [PASSED, NOT_RUN], ["(root,0644,tmpfs)", "host IP"])
     assert [(result.name, result.state) for result in results] == [
