@@ -13,7 +13,7 @@ beside a busybox rootfs (scripts/images.py) standing in for the upstream alpine/
 - e2e-test-images/agnhost:2.63.0 and :2.55: the agnhost built from the suite's module (2.63.0
   under both names; 2.55 differs only in a label, so the two have different image IDs as
   upstream), curl and bash with their shared libraries (specs curl from inside agnhost, probes
-  run /bin/bash), Debian's netcat-openbsd as /usr/bin/nc (upstream's nc; busybox's has no -u),
+  run /bin/bash), the host's netcat-openbsd as /usr/bin/nc (upstream's nc; busybox's has no -u),
   the user and group upstream's Dockerfile adds, /uploads, the porter's localhost.crt/.key,
   entrypoint /agnhost, command `pause`.
 - e2e-test-images/nonroot:1.5: busybox with USER 1234.
@@ -56,7 +56,7 @@ CURL = Path("/usr/bin/curl")
 BASH = Path("/bin/bash")
 HOSTNAME = Path("/bin/hostname")
 NGINX_PACKAGE = "nginx"  # bookworm's nginx-light is a transitional package depending on it
-NETCAT_PACKAGE = "netcat-openbsd"
+NETCAT = Path("/bin/nc.openbsd")  # Debian's netcat-openbsd (scripts/bootstrap installs it)
 ENV = [f"PATH={DEFAULT_PATH}"]
 Tarballs = dict[str, bytes]  # file stem -> OCI image layout tarball
 
@@ -166,7 +166,7 @@ def busybox_image(inputs: Inputs) -> Tarballs:
     return {"busybox": image_layout(base().tar(), config, (f"{E2E}/busybox:1.37.0-1",))}
 
 
-def agnhost_layer(inputs: Inputs, scratch: Path) -> bytes:
+def agnhost_layer(inputs: Inputs) -> bytes:
     layer = base(AGNHOST_PASSWD, AGNHOST_GROUP)
     layer.file("agnhost", inputs.built("agnhost"), 0o755)
     layer.symlink("agnhost-2", "agnhost")
@@ -178,14 +178,14 @@ def agnhost_layer(inputs: Inputs, scratch: Path) -> bytes:
     add_dynamic(layer, BASH, "bin/bash")  # probe specs run /bin/bash
     # Upstream's netcat-openbsd: the node-pod UDP spec runs `nc -w 1 -u`, which this busybox's
     # nc lacks; ahead of busybox's nc on PATH.
-    netcat = inputs.deb_binary(NETCAT_PACKAGE, "./bin/nc.openbsd", scratch)
-    add_dynamic(layer, netcat, "usr/bin/nc")
+    if not NETCAT.exists():
+        sys.exit(f"conformance_images.py: {NETCAT} missing (apt-get install netcat-openbsd)")
+    add_dynamic(layer, NETCAT, "usr/bin/nc")
     return layer.tar()
 
 
 def agnhost_images(inputs: Inputs) -> Tarballs:
-    with tempfile.TemporaryDirectory(prefix="trio-kubelet-agnhost-") as scratch:
-        layer = agnhost_layer(inputs, Path(scratch))
+    layer = agnhost_layer(inputs)
     return {
         f"agnhost-{version}": image_layout(
             layer,
