@@ -9,7 +9,9 @@ the e2e suite's version) is made locally as an OCI image layout tarball, loadabl
 scripts/build-conformance's output (agnhost, nnp, agnhost-localhost.crt/.key). What each holds,
 beside a busybox rootfs (scripts/images.py) standing in for the upstream alpine/Debian base:
 
-- e2e-test-images/busybox:1.37.0-1: busybox alone.
+- e2e-test-images/busybox:1.37.0-1: busybox, with Debian's bash-static as /bin/sh (Debian's
+  busybox ash drops environment variables whose names are not shell identifiers; upstream's
+  passes them on, and the envFrom specs print them with `sh -c env`).
 - e2e-test-images/agnhost:2.63.0 and :2.55: the agnhost built from the suite's module (2.63.0
   under both names; 2.55 differs only in a label, so the two have different image IDs as
   upstream), curl and bash with their shared libraries (specs curl from inside agnhost, probes
@@ -55,6 +57,7 @@ E2E = "registry.k8s.io/e2e-test-images"
 CURL = Path("/usr/bin/curl")
 BASH = Path("/bin/bash")
 HOSTNAME = Path("/bin/hostname")
+BASH_STATIC_PACKAGE = "bash-static"
 NGINX_PACKAGE = "nginx"  # bookworm's nginx-light is a transitional package depending on it
 NETCAT = Path("/bin/nc.openbsd")  # Debian's netcat-openbsd (scripts/bootstrap installs it)
 ENV = [f"PATH={DEFAULT_PATH}"]
@@ -162,8 +165,17 @@ def base(passwd: bytes = b"", group: bytes = b"") -> Layer:
 
 
 def busybox_image(inputs: Inputs) -> Tarballs:
+    layer = base()
+    # /bin/sh is Debian's bash-static: Debian's busybox ash drops variables whose names are not
+    # shell identifiers (`data-1`, which envFrom passes) from the environment it hands on, and
+    # the ConfigMap/Secret envFrom specs print theirs with `sh -c env`; upstream's image passes
+    # them on. ash stays as /bin/ash.
+    layer.members = [member for member in layer.members if member[0].name != "bin/sh"]
+    with tempfile.TemporaryDirectory(prefix="trio-kubelet-bash-") as scratch:
+        bash = inputs.deb_binary(BASH_STATIC_PACKAGE, "./bin/bash-static", Path(scratch))
+        layer.file("bin/sh", bash.read_bytes(), 0o755)
     config = {"Env": ENV, "Cmd": ["sh"]}
-    return {"busybox": image_layout(base().tar(), config, (f"{E2E}/busybox:1.37.0-1",))}
+    return {"busybox": image_layout(layer.tar(), config, (f"{E2E}/busybox:1.37.0-1",))}
 
 
 def agnhost_layer(inputs: Inputs) -> bytes:
