@@ -137,3 +137,21 @@ def test_the_reasons_file_is_well_formed() -> None:
         assert entry["kind"] in {"kubelet", "harness", "environment"}, entry
         # Only a reason outside the kubelet may leave a spec out of the run.
         assert not entry.get("exclude") or entry["kind"] == "environment", entry
+
+
+def test_a_focused_rerun_is_reported_beside_the_spec_and_counted(
+    junit: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(conformance, "known_reasons", lambda: [])
+    results, suite = conformance.outcomes(junit, [PASSED, FAILED, NOT_RUN])
+    rerun = conformance.Rerun(
+        {"trio-kubelet commit": "abc1234", "focus": "`readiness gates`"},
+        [conformance.Outcome(FAILED, "passed", 9.0, "")],
+    )
+    text = conformance.markdown(results, suite, {}, [rerun])
+    assert "passed **1**, failed **1**" in text  # the run's own counts stay
+    assert "- passed or excluded counting the focused reruns below: **2**" in text
+    failed_row = next(line for line in text.splitlines() if line.startswith("| 2 |"))
+    assert "| failed | 12 | rerun 1: **passed** — [FAILED] Expect" in failed_row
+    assert "## Focused rerun 1\n\n- trio-kubelet commit: abc1234\n" in text
+    assert f"| {FAILED} | passed | 9 |  |" in text
