@@ -7,14 +7,14 @@ No registry is reachable here, so each image the specs name (test/utils/image/ma
 the e2e suite's version) is made locally as an OCI image layout tarball, loadable with
 `ctr -n k8s.io images import`; the paths are printed one per line. BIN_DIR is
 scripts/build-conformance's output (agnhost, nnp, agnhost-localhost.crt/.key). What each holds,
-beside a busybox rootfs (scripts/images.py) standing in for the upstream alpine/Debian base, with
-Debian's bash-static as /bin/sh (see `base`):
+beside a busybox rootfs (scripts/images.py) standing in for the upstream alpine/Debian base:
 
 - e2e-test-images/busybox:1.37.0-1: busybox alone.
 - e2e-test-images/agnhost:2.63.0 and :2.55: the agnhost built from the suite's module (2.63.0
   under both names; 2.55 differs only in a label, so the two have different image IDs as
   upstream), curl and bash with their shared libraries (specs curl from inside agnhost, probes
-  run /bin/bash), the host's netcat-openbsd as /usr/bin/nc (upstream's nc; busybox's has no -u),
+  run /bin/bash), the host's netcat-openbsd as /usr/bin/nc (upstream's nc; busybox's has no -u)
+  with Debian's bash-static as /bin/sh so that PATH finds it (see `bash_as_sh`),
   the user and group upstream's Dockerfile adds, /uploads, the porter's localhost.crt/.key,
   entrypoint /agnhost, command `pause`.
 - e2e-test-images/nonroot:1.5: busybox with USER 1234.
@@ -159,29 +159,32 @@ def add_dynamic(layer: Layer, binary: Path, at: str) -> None:
             layer.file(name, library.resolve().read_bytes(), 0o755)
 
 
-def base(inputs: Inputs, passwd: bytes = b"", group: bytes = b"") -> Layer:
-    """The busybox rootfs with Debian's bash-static as /bin/sh (busybox's ash stays /bin/ash).
+def base(passwd: bytes = b"", group: bytes = b"") -> Layer:
+    return busybox_layer(BUSYBOX_BIN, passwd, group)
+
+
+def bash_as_sh(inputs: Inputs, layer: Layer) -> None:
+    """Make Debian's bash-static LAYER's /bin/sh (busybox's ash stays /bin/ash).
 
     Debian's busybox is built as a standalone shell: its ash runs its own applets before
-    anything on PATH (agnhost's `nc` would be busybox's, without -u), and drops environment
-    variables whose names are not shell identifiers (`data-1`, which envFrom passes and the
-    envFrom specs print with `sh -c env`). Upstream's images' shells do neither.
+    anything on PATH, so agnhost's `nc` would be busybox's (no -u) where upstream's alpine
+    image runs netcat-openbsd's. Only agnhost needs this: specs on the busybox image expect
+    ash's own error messages.
     """
-    layer = busybox_layer(BUSYBOX_BIN, passwd, group)
     layer.members = [member for member in layer.members if member[0].name != "bin/sh"]
     with tempfile.TemporaryDirectory(prefix="trio-kubelet-bash-") as scratch:
         bash = inputs.deb_binary(BASH_STATIC_PACKAGE, "./bin/bash-static", Path(scratch))
         layer.file("bin/sh", bash.read_bytes(), 0o755)
-    return layer
 
 
 def busybox_image(inputs: Inputs) -> Tarballs:
     config = {"Env": ENV, "Cmd": ["sh"]}
-    return {"busybox": image_layout(base(inputs).tar(), config, (f"{E2E}/busybox:1.37.0-1",))}
+    return {"busybox": image_layout(base().tar(), config, (f"{E2E}/busybox:1.37.0-1",))}
 
 
 def agnhost_layer(inputs: Inputs) -> bytes:
-    layer = base(inputs, AGNHOST_PASSWD, AGNHOST_GROUP)
+    layer = base(AGNHOST_PASSWD, AGNHOST_GROUP)
+    bash_as_sh(inputs, layer)
     layer.file("agnhost", inputs.built("agnhost"), 0o755)
     layer.symlink("agnhost-2", "agnhost")
     layer.dir("uploads")
@@ -218,11 +221,11 @@ def agnhost_images(inputs: Inputs) -> Tarballs:
 
 def nonroot_image(inputs: Inputs) -> Tarballs:
     config = {"Env": ENV, "Cmd": ["sh"], "User": "1234"}
-    return {"nonroot": image_layout(base(inputs).tar(), config, (f"{E2E}/nonroot:1.5",))}
+    return {"nonroot": image_layout(base().tar(), config, (f"{E2E}/nonroot:1.5",))}
 
 
 def nonewprivs_image(inputs: Inputs) -> Tarballs:
-    layer = base(inputs)
+    layer = base()
     layer.dir("usr/local/bin")
     layer.file("usr/local/bin/nnp", inputs.built("nnp"), 0o6755)  # Dockerfile: chmod +s
     config = {"Env": ENV, "Cmd": ["nnp"]}
@@ -230,7 +233,7 @@ def nonewprivs_image(inputs: Inputs) -> Tarballs:
 
 
 def glibc_dns_testing_image(inputs: Inputs) -> Tarballs:
-    layer = base(inputs)
+    layer = base()
     add_dynamic(layer, HOSTNAME, "usr/bin/hostname")
     layer.file("etc/nsswitch.conf", b"hosts: files dns\n")
     config = {"Env": ENV, "Cmd": ["sh"]}
@@ -240,7 +243,7 @@ def glibc_dns_testing_image(inputs: Inputs) -> Tarballs:
 
 def nginx_layer(inputs: Inputs, scratch: Path) -> bytes:
     """nginx from the package (ldd reads it from SCRATCH) with its libraries from the host."""
-    layer = base(inputs, NGINX_PASSWD, NGINX_GROUP)
+    layer = base(NGINX_PASSWD, NGINX_GROUP)
     add_dynamic(
         layer, inputs.deb_binary(NGINX_PACKAGE, "./usr/sbin/nginx", scratch), "usr/sbin/nginx"
     )
