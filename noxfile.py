@@ -179,7 +179,8 @@ def scenarios(session: nox.Session) -> None:
 @nox.session
 def conformance(session: nox.Session) -> None:
     """Kubernetes' NodeConformance e2e suite against this checkout's kubelet (scripts/conformance;
-    root; about an hour; the first run on a machine builds the suite, kube-proxy and CoreDNS).
+    root; ~40 min with 3 processes on 2 cores; the first run on a machine builds the suite,
+    kube-proxy and CoreDNS).
 
     Without arguments the full selection runs and docs/conformance.md is rewritten; arguments
     after `--` go to scripts/conformance instead: `nox -s conformance -- --focus 'host IP'`.
