@@ -179,10 +179,23 @@ def scenarios(session: nox.Session) -> None:
 @nox.session
 def conformance(session: nox.Session) -> None:
     """Kubernetes' NodeConformance e2e suite against this checkout's kubelet (scripts/conformance;
-    root; about an hour; the first run on a machine builds the suite, kube-proxy and CoreDNS).
+    root; ~40 min with 3 processes on 2 cores; the first run on a machine builds the suite,
+    kube-proxy and CoreDNS).
 
     Without arguments the full selection runs and docs/conformance.md is rewritten; arguments
     after `--` go to scripts/conformance instead: `nox -s conformance -- --focus 'host IP'`.
     """
     args = session.posargs or ["--doc", str(ROOT / "docs" / "conformance.md")]
     session.run(PYTHON, "scripts/conformance", "run", "--lock", INTEGRATION_LOCK, *args)
+
+
+@nox.session
+def conformance_ci(session: nox.Session) -> None:
+    """The CI tier of the NodeConformance suite (scripts/conformance --tier ci): the specs of
+    the kubelet's everyday paths, on the same one-node cluster, in its own directory; fails if
+    any does not pass. Root; the first run on a machine builds the suite (docs/conformance.md).
+    """
+    session.run(
+        PYTHON, "scripts/conformance", "run", "--tier", "ci", "--procs", "3",
+        "--dir", "/tmp/tk-conformance-ci", "--lock", INTEGRATION_LOCK, *session.posargs,
+    )  # fmt: skip

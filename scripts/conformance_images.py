@@ -13,8 +13,10 @@ beside a busybox rootfs (scripts/images.py) standing in for the upstream alpine/
 - e2e-test-images/agnhost:2.63.0 and :2.55: the agnhost built from the suite's module (2.63.0
   under both names; 2.55 differs only in a label, so the two have different image IDs as
   upstream), curl and bash with their shared libraries (specs curl from inside agnhost, probes
-  run /bin/bash), the user and group upstream's Dockerfile adds, /uploads, the porter's
-  localhost.crt/.key, entrypoint /agnhost, command `pause`.
+  run /bin/bash), the host's netcat-openbsd as /usr/bin/nc (upstream's nc; busybox's has no -u)
+  with Debian's bash-static as /bin/sh so that PATH finds it (see `bash_as_sh`),
+  the user and group upstream's Dockerfile adds, /uploads, the porter's localhost.crt/.key,
+  entrypoint /agnhost, command `pause`.
 - e2e-test-images/nonroot:1.5: busybox with USER 1234.
 - e2e-test-images/nonewprivs:1.4: nnp (prints its effective uid) installed set-uid root.
 - e2e-test-images/glibc-dns-testing:2.0.0: the host's (Debian's, glibc) hostname at
@@ -54,7 +56,9 @@ E2E = "registry.k8s.io/e2e-test-images"
 CURL = Path("/usr/bin/curl")
 BASH = Path("/bin/bash")
 HOSTNAME = Path("/bin/hostname")
+BASH_STATIC_PACKAGE = "bash-static"
 NGINX_PACKAGE = "nginx"  # bookworm's nginx-light is a transitional package depending on it
+NETCAT = Path("/bin/nc.openbsd")  # Debian's netcat-openbsd (scripts/bootstrap installs it)
 ENV = [f"PATH={DEFAULT_PATH}"]
 Tarballs = dict[str, bytes]  # file stem -> OCI image layout tarball
 
@@ -98,15 +102,34 @@ class Inputs:
             sys.exit(f"conformance_images.py: {path} missing (run scripts/build-conformance)")
         return path.read_bytes()
 
-    def nginx_deb(self) -> Path:
-        """Debian's nginx package file, downloaded into the cache once."""
+    def deb(self, package: str) -> Path:
+        """Debian's PACKAGE file, downloaded into the cache once."""
         debs = self.cache_dir / "debs"
         debs.mkdir(parents=True, exist_ok=True)
-        found = sorted(debs.glob(f"{NGINX_PACKAGE}_*.deb"))
+        found = sorted(debs.glob(f"{package}_*.deb"))
         if not found:
-            subprocess.run(["apt-get", "download", "-q", NGINX_PACKAGE], cwd=debs, check=True)
-            found = sorted(debs.glob(f"{NGINX_PACKAGE}_*.deb"))
+            # apt's progress goes to stderr: this script's stdout is its list of tarballs.
+            download = ["apt-get", "download", "-q", package]
+            if subprocess.run(download, cwd=debs, stdout=sys.stderr).returncode != 0:
+                # A machine whose package lists were never fetched knows no package yet.
+                subprocess.run(["apt-get", "update", "-q"], stdout=sys.stderr, check=True)
+                subprocess.run(download, cwd=debs, stdout=sys.stderr, check=True)
+            found = sorted(debs.glob(f"{package}_*.deb"))
         return found[-1]
+
+    def deb_binary(self, package: str, member: str, scratch: Path) -> Path:
+        """The executable MEMBER (``./usr/sbin/nginx``) of Debian's PACKAGE, written into
+        SCRATCH so that `ldd` can read it."""
+        contents = subprocess.run(
+            ["dpkg-deb", "--fsys-tarfile", str(self.deb(package))], check=True, capture_output=True
+        ).stdout
+        with tarfile.open(fileobj=io.BytesIO(contents)) as tar:
+            source = tar.extractfile(tar.getmember(member))
+            assert source is not None
+            extracted = scratch / member.rsplit("/", 1)[-1]
+            extracted.write_bytes(source.read())
+        extracted.chmod(0o755)
+        return extracted
 
 
 def shared_libraries(binary: Path) -> list[Path]:
@@ -140,6 +163,20 @@ def base(passwd: bytes = b"", group: bytes = b"") -> Layer:
     return busybox_layer(BUSYBOX_BIN, passwd, group)
 
 
+def bash_as_sh(inputs: Inputs, layer: Layer) -> None:
+    """Make Debian's bash-static LAYER's /bin/sh (busybox's ash stays /bin/ash).
+
+    Debian's busybox is built as a standalone shell: its ash runs its own applets before
+    anything on PATH, so agnhost's `nc` would be busybox's (no -u) where upstream's alpine
+    image runs netcat-openbsd's. Only agnhost needs this: specs on the busybox image expect
+    ash's own error messages.
+    """
+    layer.members = [member for member in layer.members if member[0].name != "bin/sh"]
+    with tempfile.TemporaryDirectory(prefix="trio-kubelet-bash-") as scratch:
+        bash = inputs.deb_binary(BASH_STATIC_PACKAGE, "./bin/bash-static", Path(scratch))
+        layer.file("bin/sh", bash.read_bytes(), 0o755)
+
+
 def busybox_image(inputs: Inputs) -> Tarballs:
     config = {"Env": ENV, "Cmd": ["sh"]}
     return {"busybox": image_layout(base().tar(), config, (f"{E2E}/busybox:1.37.0-1",))}
@@ -147,6 +184,7 @@ def busybox_image(inputs: Inputs) -> Tarballs:
 
 def agnhost_layer(inputs: Inputs) -> bytes:
     layer = base(AGNHOST_PASSWD, AGNHOST_GROUP)
+    bash_as_sh(inputs, layer)
     layer.file("agnhost", inputs.built("agnhost"), 0o755)
     layer.symlink("agnhost-2", "agnhost")
     layer.dir("uploads")
@@ -155,6 +193,11 @@ def agnhost_layer(inputs: Inputs) -> bytes:
         layer.file(name, inputs.built(f"agnhost-{name}"))
     add_dynamic(layer, CURL, "usr/bin/curl")
     add_dynamic(layer, BASH, "bin/bash")  # probe specs run /bin/bash
+    # Upstream's netcat-openbsd: the node-pod UDP spec runs `nc -w 1 -u`, which this busybox's
+    # nc lacks; ahead of busybox's nc on PATH.
+    if not NETCAT.exists():
+        sys.exit(f"conformance_images.py: {NETCAT} missing (apt-get install netcat-openbsd)")
+    add_dynamic(layer, NETCAT, "usr/bin/nc")
     return layer.tar()
 
 
@@ -200,19 +243,10 @@ def glibc_dns_testing_image(inputs: Inputs) -> Tarballs:
 
 def nginx_layer(inputs: Inputs, scratch: Path) -> bytes:
     """nginx from the package (ldd reads it from SCRATCH) with its libraries from the host."""
-    deb = inputs.nginx_deb()
-    extracted = scratch / "nginx"
-    package = subprocess.run(
-        ["dpkg-deb", "--fsys-tarfile", str(deb)], check=True, capture_output=True
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(package)) as tar:
-        member = tar.getmember("./usr/sbin/nginx")
-        source = tar.extractfile(member)
-        assert source is not None
-        extracted.write_bytes(source.read())
-    extracted.chmod(0o755)
     layer = base(NGINX_PASSWD, NGINX_GROUP)
-    add_dynamic(layer, extracted, "usr/sbin/nginx")
+    add_dynamic(
+        layer, inputs.deb_binary(NGINX_PACKAGE, "./usr/sbin/nginx", scratch), "usr/sbin/nginx"
+    )
     layer.dir("etc/nginx")
     layer.file("etc/nginx/nginx.conf", NGINX_CONF)
     layer.dir("usr/share/nginx/html")

@@ -156,3 +156,18 @@ def test_pressure_is_checked_before_everything_else() -> None:
     rejection = admit(pod("a", securityContext=unsafe), [], NODE,
                       node_conditions=["DiskPressure"])
     assert rejection is not None and rejection.reason == "Evicted"
+
+
+def test_a_pod_for_another_operating_system_is_refused() -> None:
+    assert admit(pod("a", os={"name": "windows"}), [], NODE) == Rejection(
+        "PodOSNotSupported", "Failed to admit pod as the OS field doesn't match node OS"
+    )
+    assert admit(pod("a", os={"name": "linux"}), [], NODE) is None
+    labelled = pod("a")
+    labelled.metadata.labels["kubernetes.io/os"] = "windows"
+    assert admit(labelled, [], NODE) == Rejection(
+        "PodOSSelectorNodeLabelDoesNotMatch",
+        "Failed to admit pod as the `kubernetes.io/os` label doesn't match node label",
+    )
+    labelled.metadata.labels["kubernetes.io/os"] = "linux"
+    assert admit(labelled, [], NODE) is None

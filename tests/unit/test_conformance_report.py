@@ -95,7 +95,10 @@ def test_markdown_counts_and_reasons(junit: Path, monkeypatch: pytest.MonkeyPatc
     results, suite = conformance.outcomes(junit, [PASSED, FAILED, SKIPPED, NOT_RUN])
     text = conformance.markdown(results, suite, {"focus": "`x|y`"})
     assert "- focus: `x|y`" in text
-    assert "selected: **4** — passed **1**, failed **1**, skipped **1**, not run **1**" in text
+    assert (
+        "selected: **4** — passed **1**, failed **1**, skipped **1**, excluded **0**, "
+        "not run **1**"
+    ) in text
     failed_row = next(line for line in text.splitlines() if FAILED in line)
     assert "| failed | 12 | **kubelet**: gates ignored — failure: [FAILED] Expect" in failed_row
     passed_row = next(line for line in text.splitlines() if PASSED in line)
@@ -103,7 +106,52 @@ def test_markdown_counts_and_reasons(junit: Path, monkeypatch: pytest.MonkeyPatc
     assert "[SynchronizedAfterSuite]: [FAILED] namespaces left behind" in text
 
 
+def test_markdown_lists_the_exclusions_with_their_reasons(
+    junit: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entry = {"spec": "(root,0644,tmpfs)", "kind": "environment", "exclude": True, "why": "no tmpfs"}
+    monkeypatch.setattr(conformance, "known_reasons", lambda: [entry])
+    results, suite = conformance.outcomes(junit, [PASSED, NOT_RUN], ["(root,0644,tmpfs)"])
+    text = conformance.markdown(results, suite, {})
+    assert "passed **1**, failed **0**, skipped **0**, excluded **1**, not run **0**" in text
+    assert text.endswith("- `(root,0644,tmpfs)` (environment): no tmpfs\n")
+
+
+def test_an_excluded_spec_that_did_not_run_is_excluded(junit: Path) -> None:
+    results, _ = conformance.outcomes(junit, [PASSED, NOT_RUN], ["(root,0644,tmpfs)", "host IP"])
+    assert [(result.name, result.state) for result in results] == [
+        (PASSED, "passed"),  # an exclusion that ran anyway keeps its outcome
+        (NOT_RUN, "excluded"),
+    ]
+
+
+def test_exclusions_are_skipped_as_literal_text() -> None:
+    skip = conformance.skip_with(r"\[Serial\]", ["(root,0644,tmpfs)", "a.b [x]"])
+    assert skip == r"\[Serial\]|\(root,0644,tmpfs\)|a\.b\ \[x\]"
+    assert conformance.skip_with("s", []) == "s"
+
+
 def test_the_reasons_file_is_well_formed() -> None:
     for entry in conformance.known_reasons():
-        assert set(entry) == {"spec", "kind", "why"}, entry
+        assert set(entry) - {"exclude"} == {"spec", "kind", "why"}, entry
         assert entry["kind"] in {"kubelet", "harness", "environment"}, entry
+        # Only a reason outside the kubelet may leave a spec out of the run.
+        assert not entry.get("exclude") or entry["kind"] == "environment", entry
+
+
+def test_a_focused_rerun_is_reported_beside_the_spec_and_counted(
+    junit: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(conformance, "known_reasons", lambda: [])
+    results, suite = conformance.outcomes(junit, [PASSED, FAILED, NOT_RUN])
+    rerun = conformance.Rerun(
+        {"trio-kubelet commit": "abc1234", "focus": "`readiness gates`"},
+        [conformance.Outcome(FAILED, "passed", 9.0, "")],
+    )
+    text = conformance.markdown(results, suite, {}, [rerun])
+    assert "passed **1**, failed **1**" in text  # the run's own counts stay
+    assert "- passed or excluded counting the focused reruns below: **2**" in text
+    failed_row = next(line for line in text.splitlines() if line.startswith("| 2 |"))
+    assert "| failed | 12 | rerun 1: **passed** — [FAILED] Expect" in failed_row
+    assert "## Focused rerun 1\n\n- trio-kubelet commit: abc1234\n" in text
+    assert f"| {FAILED} | passed | 9 |  |" in text

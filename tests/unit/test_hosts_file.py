@@ -87,6 +87,18 @@ def test_domain_comes_from_the_subdomain() -> None:
     assert pod_domain(pod, "cluster.local") == "db.shop.svc.cluster.local"
 
 
+def test_hostname_override_replaces_the_hostname_and_drops_the_domain() -> None:
+    pod = make_pod(hostname="custom-host", subdomain="t", hostnameOverride="override-host")
+    assert pod_hostname(pod) == "override-host"
+    assert pod_domain(pod, "cluster.local") == ""
+    assert pod_hosts_content(pod, ["10.88.0.5"], "cluster.local") == (
+        MANAGED_HEADER + LOCALHOST + "10.88.0.5\toverride-host\n"
+    )
+    dotted = make_pod(hostnameOverride="override.example.host")
+    assert configs.sandbox_hostname(dotted) == "override.example.host"
+    assert pod_hostname(make_pod(hostnameOverride="a" * 62 + ".b")) == "a" * 62
+
+
 # -- content -----------------------------------------------------------------------------------
 
 
@@ -252,6 +264,8 @@ def test_an_unreadable_node_file_is_a_container_config_error(tmp_path: Path) -> 
         ({"hostname": "Web"}, "spec.hostname: hostname"),
         ({"hostname": "a" * 64}, "spec.hostname: hostname"),
         ({"subdomain": "db.shop"}, "spec.subdomain: subdomain"),
+        ({"hostnameOverride": "Not-RFC1123"}, "spec.hostnameOverride: hostnameOverride"),
+        ({"hostnameOverride": ""}, "spec.hostnameOverride: hostnameOverride"),
         ({"hostAliases": [{"ip": "10.0.0", "hostnames": ["a"]}]}, "spec.hostAliases[0].ip: IP"),
         ({"hostAliases": [{"hostnames": ["a"]}]}, "spec.hostAliases[0].ip: IP"),
         (

@@ -491,3 +491,52 @@ async def test_a_pod_waits_for_the_objects_it_refers_to_and_starts_when_they_are
             assert (tmp_path / "pods" / UID / "volumes" / "kubernetes.io~configmap" / "cfg"
                     / "k").read_text() == "v"
         caches.cancel_scope.cancel()
+
+
+# -- activeDeadlineSeconds ---------------------------------------------------------------------
+
+
+def with_deadline(pod: Pod, seconds: int | None) -> Pod:
+    pod = pod.model_copy(deep=True)
+    pod.spec.active_deadline_seconds = seconds
+    return pod
+
+
+async def test_a_pod_past_its_active_deadline_is_killed_and_fails_deadline_exceeded(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_node(tmp_path) as node:
+        await node.run_pods(with_deadline(make_pod(), 30))
+        started = await node.wait_for(UID, running)
+        assert started.status.phase == "Running"
+        begun = trio.current_time()
+        # No event wakes the worker: it wakes itself at the deadline.
+        done = await node.wait_for(UID, lambda p: p.status.phase == "Failed", timeout=120)
+        assert 29 <= trio.current_time() - begun <= 31
+        assert (done.status.reason, done.status.message) == (
+            "DeadlineExceeded", "Pod was active on the node longer than the specified deadline"
+        )
+        assert not any(c.type == "DisruptionTarget" for c in done.status.conditions)
+        with trio.fail_after(30):
+            while any(c.state == v1.ContainerState.CONTAINER_RUNNING
+                      for c in containers(node.fake, UID)):
+                await trio.sleep(0.1)
+        await trio.sleep(60)  # and it is never started again
+        assert len(containers(node.fake, UID)) == 1
+        final = node.store.get(UID)
+        assert final is not None and final.status.reason == "DeadlineExceeded"
+
+
+async def test_an_active_deadline_set_on_a_running_pod_applies_from_its_start(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_node(tmp_path) as node:
+        await node.run_pods(make_pod())
+        await node.wait_for(UID, running)
+        await trio.sleep(60)
+        # As the spec "Pods should allow activeDeadlineSeconds to be updated": the update
+        # arrives long after the start, so the pod is past it at once.
+        await node.run_pods(with_deadline(make_pod(), 5))
+        with trio.fail_after(10):
+            done = await node.wait_for(UID, lambda p: p.status.phase == "Failed")
+        assert done.status.reason == "DeadlineExceeded"

@@ -4,7 +4,9 @@ A pod is checked once, when the agent first learns of it, against the pods it ha
 already admitted. The checks run in the Go kubelet's order: the eviction manager's
 (``Evicted``: under memory pressure no new BestEffort pod, under any other pressure
 no new pod at all, critical pods always), sysctls the node does
-not allow (``SysctlForbidden``), then the scheduler's general predicates as the
+not allow (``SysctlForbidden``), a pod for another operating system (its
+``kubernetes.io/os`` label: ``PodOSSelectorNodeLabelDoesNotMatch``; its ``spec.os``:
+``PodOSNotSupported``), then the scheduler's general predicates as the
 kubelet re-checks them — a host port another pod holds (``NodePorts``), more pods
 than allocatable ``pods`` (``OutOfpods``), and requests beyond what allocatable
 has left (``OutOfcpu``, ``OutOfmemory``, ...). A rejected pod is never started;
@@ -33,6 +35,10 @@ from trio_kubelet.core.sysctls import sysctl_rejection
 from trio_kubelet.model.pod import Pod, PodStatus
 
 SYSCTL_FORBIDDEN = "SysctlForbidden"
+POD_OS_SELECTOR_MISMATCH = "PodOSSelectorNodeLabelDoesNotMatch"
+POD_OS_NOT_SUPPORTED = "PodOSNotSupported"
+NODE_OS = "linux"  # the only operating system this kubelet runs on (Go's runtime.GOOS)
+LABEL_OS = "kubernetes.io/os"
 NODE_PORTS = "NodePorts"
 REJECTED_PREFIX = "Pod was rejected: "
 # Checked first, in this order (the scheduler's Fits); other allocatable names follow sorted.
@@ -69,9 +75,27 @@ def admit(
     forbidden = sysctl_rejection(pod, allowed_unsafe=allowed_unsafe_sysctls)
     if forbidden is not None:
         return Rejection(SYSCTL_FORBIDDEN, forbidden)
+    wrong_os = _os_rejection(pod)
+    if wrong_os is not None:
+        return wrong_os
     if _port_taken(pod, admitted):
         return Rejection(NODE_PORTS, "node(s) didn't have free ports for the requested pod ports")
     return _resource_fit(pod, admitted, allocatable)
+
+
+def _os_rejection(pod: Pod) -> Rejection | None:
+    """A pod labelled or specified for another operating system than the node's."""
+    label = pod.metadata.labels.get(LABEL_OS)
+    if label is not None and label != NODE_OS:
+        return Rejection(
+            POD_OS_SELECTOR_MISMATCH,
+            f"Failed to admit pod as the `{LABEL_OS}` label doesn't match node label",
+        )
+    if pod.spec.os is not None and pod.spec.os.name != NODE_OS:
+        return Rejection(
+            POD_OS_NOT_SUPPORTED, "Failed to admit pod as the OS field doesn't match node OS"
+        )
+    return None
 
 
 def _pressure_rejection(pod: Pod, node_conditions: Collection[str]) -> Rejection | None:

@@ -841,13 +841,21 @@ def _used_bytes(usage: FsUsage | None) -> int:
 
 
 def evicted_status(
-    status: PodStatus, message: str, now: float, reason: str = REASON_EVICTED
+    status: PodStatus,
+    message: str,
+    now: float,
+    reason: str = REASON_EVICTED,
+    *,
+    disruption: bool = True,
 ) -> PodStatus:
     """An evicted pod's status: Failed, reason Evicted, the message, a DisruptionTarget.
 
-    A pod killed for a node shutdown ends the same way with reason Terminated.
+    A pod killed for a node shutdown ends the same way with reason Terminated; one past its
+    active deadline with reason DeadlineExceeded and no DisruptionTarget (``disruption``).
     """
-    disruption = PodCondition(
+    if not disruption:
+        return status.model_copy(update={"phase": "Failed", "reason": reason, "message": message})
+    target = PodCondition(
         type=DISRUPTION_TARGET,
         status="True",
         reason=TERMINATION_BY_KUBELET,
@@ -858,10 +866,10 @@ def evicted_status(
     for condition in status.conditions:
         if condition.type == DISRUPTION_TARGET:
             if condition.status == "True" and condition.message == message:
-                disruption = condition  # keep the first transition time
+                target = condition  # keep the first transition time
             continue
         conditions.append(condition)
-    conditions.append(disruption)
+    conditions.append(target)
     return status.model_copy(update={
         "phase": "Failed", "reason": reason, "message": message, "conditions": conditions,
     })
@@ -875,8 +883,10 @@ def pressure_admission_message(conditions: Sequence[str]) -> str:
 @dataclass(frozen=True, slots=True)
 class Eviction:
     """The order a pod worker carries out: kill with ``grace``, end Failed with ``reason`` and
-    ``message`` (an eviction, or a node shutdown's kill)."""
+    ``message`` (an eviction, a node shutdown's kill, or a pod past its active deadline, which
+    is no disruption)."""
 
     message: str
     grace: int
     reason: str = REASON_EVICTED
+    disruption: bool = True

@@ -341,6 +341,12 @@ class PodDNSConfig(KubeModel):
         return values
 
 
+class PodOS(KubeModel):
+    """The operating system the pod's containers need (``spec.os``)."""
+
+    name: str
+
+
 class PodReadinessGate(KubeModel):
     """A pod condition type that must be True, besides its containers, for the pod to be Ready."""
 
@@ -359,6 +365,7 @@ class PodSpec(KubeModel):
     host_ipc: bool = Field(default=False, alias="hostIPC")
     hostname: str | None = None
     subdomain: str | None = None
+    hostname_override: str | None = None
     node_name: str | None = None
     dns_policy: Literal["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"] = (
         "ClusterFirst"
@@ -374,12 +381,20 @@ class PodSpec(KubeModel):
     scheduler_name: str = "default-scheduler"
     runtime_class_name: str | None = None
     readiness_gates: list[PodReadinessGate] = Field(default_factory=list)
+    os: PodOS | None = None
 
     @field_validator("hostname", "subdomain")
     @classmethod
     def _dns_labels(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value:  # "" is the same as unset
             _check_dns_label(value, str(info.field_name))
+        return value
+
+    @field_validator("hostname_override")
+    @classmethod
+    def _dns_subdomain(cls, value: str | None) -> str | None:
+        if value is not None:  # the API server refuses "", as Go's kubelet would
+            _check_dns_subdomain(value, "hostnameOverride")
         return value
 
     @model_validator(mode="after")

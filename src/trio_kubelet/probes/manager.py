@@ -135,7 +135,10 @@ class ProbeManager:
             worker.scope.cancel()
 
     def status_changed(self, uid: str) -> None:
-        """The pod's published status changed: workers facing a new instance tick now."""
+        """The pod's published status changed: workers facing a new instance tick now, and so
+        do readiness workers of a started container that is not ready (as Go's
+        UpdatePodStatus: the startup probe may just have passed; readiness is not left to wait
+        for its next period)."""
         workers = self._workers.get(uid)
         if not workers:
             return
@@ -143,13 +146,17 @@ class ProbeManager:
         if pod is None:
             return
         running = {
-            s.name: runtime_id(s.container_id)
+            s.name: s
             for s in (*pod.status.init_container_statuses, *pod.status.container_statuses)
             if s.state.running is not None and s.container_id
         }
         for worker in workers:
-            container_id = running.get(worker.container.name)
-            if container_id is not None and container_id != worker.probed_id:
+            status = running.get(worker.container.name)
+            if status is None:
+                continue
+            if runtime_id(status.container_id) != worker.probed_id or (
+                worker.probe_type is ProbeType.READINESS and status.started and not status.ready
+            ):
                 worker.trigger()
 
     # -- one worker ---------------------------------------------------------------------------

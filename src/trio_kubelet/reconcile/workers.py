@@ -24,6 +24,11 @@ from trio_kubelet.apiserver.object_cache import PodObjects
 from trio_kubelet.apiserver.tokens import TokenSource
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.core.actions import PodActions, compute_pod_actions
+from trio_kubelet.core.active_deadline import (
+    DEADLINE_EXCEEDED_MESSAGE,
+    REASON_DEADLINE_EXCEEDED,
+    seconds_to_deadline,
+)
 from trio_kubelet.core.admission import Rejection, rejected_status
 from trio_kubelet.core.backoff import (
     Backoff,
@@ -205,6 +210,14 @@ class PodWorker:
         if self.rejection is not None:
             await self._sync_rejected(pod, spec_seq, self.rejection)
             return math.inf
+        if self.eviction is None and self._past_active_deadline(pod):
+            self._ctx.events.pod_event(
+                pod, "Normal", REASON_DEADLINE_EXCEEDED, DEADLINE_EXCEEDED_MESSAGE
+            )
+            grace = termination_grace_period(pod, None, REASON_DEADLINE_EXCEEDED)
+            self.eviction = Eviction(
+                DEADLINE_EXCEEDED_MESSAGE, grace, REASON_DEADLINE_EXCEEDED, disruption=False
+            )
         if self.eviction is not None:
             await self._sync_evicted(pod, spec_seq, self.eviction)
             return math.inf
@@ -237,7 +250,18 @@ class PodWorker:
         if changed:
             runtime = await inspect_pod(ctx.client, self.uid, pod=pod, messages=self._messages)
         self._publish(pod, spec_seq, runtime, ctx.clock.now(), result.errors)
+        left = self._seconds_to_deadline(pod)
+        if left is not None:  # wake up at the deadline (now, if the first sync passed it)
+            result.retry_in(max(left, 0.0))
         return result.requeue_at
+
+    def _seconds_to_deadline(self, pod: Pod) -> float | None:
+        start_time = None if self._status is None else self._status.start_time
+        return seconds_to_deadline(pod, start_time, self._ctx.clock.now())
+
+    def _past_active_deadline(self, pod: Pod) -> bool:
+        left = self._seconds_to_deadline(pod)
+        return left is not None and left <= 0
 
     async def _sync_rejected(self, pod: Pod, spec_seq: int, rejection: Rejection) -> None:
         """Keep a refused pod from running (it may have run before an agent restart)."""
@@ -281,7 +305,9 @@ class PodWorker:
             runtime_name=ctx.runtime_name,
             pod_is_terminal=True,
         )
-        status = evicted_status(status, eviction.message, now, eviction.reason)
+        status = evicted_status(
+            status, eviction.message, now, eviction.reason, disruption=eviction.disruption
+        )
         self._set_status(pod, status, runtime, lambda: self._status_fields(
             "evicted", spec_seq, runtime, now=now, terminal=True, reason=eviction.reason,
             message=eviction.message))
