@@ -4,6 +4,7 @@ bootstrap with only --bootstrap-kubeconfig."""
 
 from __future__ import annotations
 
+import base64
 import datetime
 import os
 import shutil
@@ -72,6 +73,12 @@ def bootstrapping_agent(
             print(run.text()[-8000:])
 
 
+def requested_name(csr: JSON) -> str:
+    """The common name a CertificateSigningRequest asks for."""
+    request = x509.load_pem_x509_csr(base64.b64decode(csr["spec"]["request"]))
+    return str(request.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value)
+
+
 def node_ready(node: JSON | None) -> bool:
     for cond in ((node or {}).get("status") or {}).get("conditions") or []:
         if cond["type"] == "Ready":
@@ -125,11 +132,13 @@ def test_a_node_with_only_a_bootstrap_kubeconfig_joins_and_runs_a_pod(
         assert current.is_symlink()
         assert os.readlink(current).startswith(str(tmp_path / "pki" / "kubelet-client-20"))
         assert not (tmp_path / "pki" / "kubelet-client.key.tmp").exists()
+        # The join control plane is shared: other nodes' bootstrap CSRs (test_install's) are there.
         csrs = [
             csr
             for csr in (api.get(CSRS) or {})["items"]
             if csr["metadata"]["name"].startswith("node-csr-")
             and csr["spec"]["username"].startswith("system:bootstrap:")
+            and requested_name(csr) == f"system:node:{NODE}"
         ]
         assert len(csrs) == 1, csrs
         assert csrs[0]["spec"]["signerName"] == "kubernetes.io/kube-apiserver-client-kubelet"
@@ -164,6 +173,7 @@ def test_a_node_with_only_a_bootstrap_kubeconfig_joins_and_runs_a_pod(
         csr
         for csr in (api.get(CSRS) or {})["items"]
         if csr["metadata"]["name"].startswith("node-csr-")
+        and requested_name(csr) == f"system:node:{NODE}"
     ]
     assert len(bootstrap_csrs) == 1
 
