@@ -203,3 +203,23 @@ def cluster_control_plane() -> Iterator[ControlPlane]:
     ):
         plane.start_controller_manager("--controllers", "*")
         yield plane
+
+
+CLIENTS_BUILD_TIMEOUT = 3600.0  # seconds: the first build on a machine compiles both from source
+
+
+@pytest.fixture(scope="session")
+def clients() -> Path:
+    """The directory holding kubectl and metrics-server of scripts/build-clients (built on
+    first use)."""
+    cached = subprocess.run([SCRIPTS / "build-clients", "--print"], capture_output=True, text=True)
+    if cached.returncode != 0 and shutil.which("go") is None:
+        reason = "kubectl/metrics-server are not built and Go is not installed (docs/cluster.md)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    built = subprocess.run(
+        [SCRIPTS / "build-clients"], capture_output=True, text=True, timeout=CLIENTS_BUILD_TIMEOUT
+    )
+    assert built.returncode == 0, built.stderr
+    return Path(built.stdout.strip())

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import datetime
 import os
-import shutil
 import socket
 import ssl
 import subprocess
@@ -250,12 +249,10 @@ def test_the_client_certificate_rotates_without_pod_restarts_or_watch_failures(
             assert failure not in log, failure
 
 
-def kubectl(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
-    kubectl_path = shutil.which("kubectl")
-    if kubectl_path is None:
-        pytest.skip("kubectl is not installed")
+def kubectl(cp: ControlPlane, clients: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The release's own kubectl (scripts/build-clients), as the cluster's admin."""
     return subprocess.run(
-        [kubectl_path, "--kubeconfig", str(cp.admin_kubeconfig), *args],
+        [clients / "kubectl", "--kubeconfig", str(cp.admin_kubeconfig), *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -305,6 +302,7 @@ def test_server_tls_bootstrap_serves_a_cluster_certificate_the_api_server_verifi
     tmp_path: Path,
     api: Api,
     short_certificates: None,
+    clients: Path,
 ) -> None:
     config = tmp_path / "kubelet.yaml"
     config.write_text(
@@ -325,7 +323,7 @@ def test_server_tls_bootstrap_serves_a_cluster_certificate_the_api_server_verifi
         api.wait(f"{PODS}/served", running, timeout=90, what="the pod Running")
         # Nothing is served until the CSR is approved (kube-controller-manager does not).
         assert served_certificate(run.port) is None
-        logs = kubectl(join_control_plane, "logs", "served")
+        logs = kubectl(join_control_plane, clients, "logs", "served")
         assert logs.returncode != 0
 
         csr = approve_next_serving_csr(api, 0)
@@ -340,9 +338,11 @@ def test_server_tls_bootstrap_serves_a_cluster_certificate_the_api_server_verifi
         assert sans.get_values_for_type(x509.DNSName) == [NODE]
 
         # The API server reaches the kubelet verifying its certificate against the cluster CA.
-        logs = kubectl(join_control_plane, "logs", "served")
+        logs = kubectl(join_control_plane, clients, "logs", "served")
         assert (logs.returncode, logs.stdout) == (0, "hello\n"), logs.stderr
-        done = kubectl(join_control_plane, "exec", "served", "--", "sh", "-c", "echo in; exit 4")
+        done = kubectl(
+            join_control_plane, clients, "exec", "served", "--", "sh", "-c", "echo in; exit 4"
+        )
         assert (done.returncode, done.stdout) == (4, "in\n"), done.stderr
 
         # Renewed like the client certificate (each renewal approved again); new connections get
@@ -355,12 +355,16 @@ def test_server_tls_bootstrap_serves_a_cluster_certificate_the_api_server_verifi
             assert time.monotonic() < deadline, "the renewed serving certificate is not served"
             time.sleep(0.5)
         second.verify_directly_issued_by(ca)
-        logs = kubectl(join_control_plane, "logs", "served")
+        logs = kubectl(join_control_plane, clients, "logs", "served")
         assert (logs.returncode, logs.stdout) == (0, "hello\n"), logs.stderr
 
 
 def test_a_self_signed_kubelet_is_refused_by_a_verifying_api_server(
-    join_control_plane: ControlPlane, containerd: Containerd, tmp_path: Path, api: Api
+    join_control_plane: ControlPlane,
+    containerd: Containerd,
+    tmp_path: Path,
+    api: Api,
+    clients: Path,
 ) -> None:
     """The other side of --kubelet-certificate-authority: without serverTLSBootstrap the
     kubelet's self-signed certificate does not verify, so logs cannot be fetched."""
@@ -372,6 +376,6 @@ def test_a_self_signed_kubelet_is_refused_by_a_verifying_api_server(
             ),
         )
         api.wait(f"{PODS}/unverified", running, timeout=90, what="the pod Running")
-        logs = kubectl(join_control_plane, "logs", "unverified")
+        logs = kubectl(join_control_plane, clients, "logs", "unverified")
     assert logs.returncode != 0
     assert "x509" in logs.stderr or "certificate" in logs.stderr, logs.stderr

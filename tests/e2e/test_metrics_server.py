@@ -16,9 +16,7 @@ certificate approve`), so `--kubelet-insecure-tls` is not needed.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import socket
 import subprocess
 import time
@@ -30,7 +28,7 @@ import pytest
 
 from tests.containerd_fixture import Containerd
 from tests.e2e.agent import JSON, PODS, Api, joining_node_admin, node_agent, pod_manifest
-from tests.e2e.conftest import SCRIPTS, ControlPlane
+from tests.e2e.conftest import ControlPlane
 from tests.e2e.csr import CSRS
 from tests.net import free_port
 
@@ -41,28 +39,11 @@ POD = "busy"
 NAMESPACE = "kube-system"
 NAME = "metrics-server"
 APISERVICE = "/apis/apiregistration.k8s.io/v1/apiservices/v1beta1.metrics.k8s.io"
-BUILD_TIMEOUT = 3600.0  # seconds: the first build on a machine compiles both from source
 # ~29 MiB held by the shell (a 30 MB variable), and a little CPU every second.
 WORKLOAD = (
     "x=$(head -c 30000000 /dev/zero | tr '\\0' x); "
     "while true; do i=0; while [ $i -lt 3000 ]; do i=$((i+1)); done; sleep 1; done"
 )
-
-
-@pytest.fixture(scope="module")
-def clients() -> Path:
-    """The directory holding kubectl and metrics-server (built on first use)."""
-    cached = subprocess.run([SCRIPTS / "build-clients", "--print"], capture_output=True, text=True)
-    if cached.returncode != 0 and shutil.which("go") is None:
-        reason = "kubectl/metrics-server are not built and Go is not installed (docs/cluster.md)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    built = subprocess.run(
-        [SCRIPTS / "build-clients"], capture_output=True, text=True, timeout=BUILD_TIMEOUT
-    )
-    assert built.returncode == 0, built.stderr
-    return Path(built.stdout.strip())
 
 
 def host_address() -> str:
