@@ -223,3 +223,13 @@ def clients() -> Path:
     )
     assert built.returncode == 0, built.stderr
     return Path(built.stdout.strip())
+
+
+def kubectl(clients: Path, cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    """The release's own kubectl (``clients``, scripts/build-clients) as ``cp``'s admin."""
+    return subprocess.run(
+        [clients / "kubectl", "--kubeconfig", str(cp.admin_kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )

@@ -9,7 +9,6 @@ import datetime
 import os
 import socket
 import ssl
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +31,7 @@ from tests.e2e.agent import (
     pod_manifest,
     running_agent,
 )
-from tests.e2e.conftest import ControlPlane
+from tests.e2e.conftest import ControlPlane, kubectl
 from tests.e2e.csr import CSRS, approve
 
 pytestmark = pytest.mark.e2e
@@ -249,16 +248,6 @@ def test_the_client_certificate_rotates_without_pod_restarts_or_watch_failures(
             assert failure not in log, failure
 
 
-def kubectl(cp: ControlPlane, clients: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """The release's own kubectl (scripts/build-clients), as the cluster's admin."""
-    return subprocess.run(
-        [clients / "kubectl", "--kubeconfig", str(cp.admin_kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def served_certificate(port: int) -> x509.Certificate | None:
     """The certificate 10250 presents now, or None when it refuses the handshake."""
     context = ssl.create_default_context()
@@ -323,7 +312,7 @@ def test_server_tls_bootstrap_serves_a_cluster_certificate_the_api_server_verifi
         api.wait(f"{PODS}/served", running, timeout=90, what="the pod Running")
         # Nothing is served until the CSR is approved (kube-controller-manager does not).
         assert served_certificate(run.port) is None
-        logs = kubectl(join_control_plane, clients, "logs", "served")
+        logs = kubectl(clients, join_control_plane, "logs", "served")
         assert logs.returncode != 0
 
         csr = approve_next_serving_csr(api, 0)
@@ -338,10 +327,10 @@ def test_server_tls_bootstrap_serves_a_cluster_certificate_the_api_server_verifi
         assert sans.get_values_for_type(x509.DNSName) == [NODE]
 
         # The API server reaches the kubelet verifying its certificate against the cluster CA.
-        logs = kubectl(join_control_plane, clients, "logs", "served")
+        logs = kubectl(clients, join_control_plane, "logs", "served")
         assert (logs.returncode, logs.stdout) == (0, "hello\n"), logs.stderr
         done = kubectl(
-            join_control_plane, clients, "exec", "served", "--", "sh", "-c", "echo in; exit 4"
+            clients, join_control_plane, "exec", "served", "--", "sh", "-c", "echo in; exit 4"
         )
         assert (done.returncode, done.stdout) == (4, "in\n"), done.stderr
 
@@ -355,7 +344,7 @@ def test_server_tls_bootstrap_serves_a_cluster_certificate_the_api_server_verifi
             assert time.monotonic() < deadline, "the renewed serving certificate is not served"
             time.sleep(0.5)
         second.verify_directly_issued_by(ca)
-        logs = kubectl(join_control_plane, clients, "logs", "served")
+        logs = kubectl(clients, join_control_plane, "logs", "served")
         assert (logs.returncode, logs.stdout) == (0, "hello\n"), logs.stderr
 
 
@@ -376,6 +365,6 @@ def test_a_self_signed_kubelet_is_refused_by_a_verifying_api_server(
             ),
         )
         api.wait(f"{PODS}/unverified", running, timeout=90, what="the pod Running")
-        logs = kubectl(join_control_plane, clients, "logs", "unverified")
+        logs = kubectl(clients, join_control_plane, "logs", "unverified")
     assert logs.returncode != 0
     assert "x509" in logs.stderr or "certificate" in logs.stderr, logs.stderr

@@ -28,7 +28,7 @@ import pytest
 
 from tests.containerd_fixture import Containerd
 from tests.e2e.agent import JSON, PODS, Api, joining_node_admin, node_agent, pod_manifest
-from tests.e2e.conftest import ControlPlane
+from tests.e2e.conftest import ControlPlane, kubectl
 from tests.e2e.csr import CSRS
 from tests.net import free_port
 
@@ -234,15 +234,6 @@ def wait_available(api: Api, process: subprocess.Popen[bytes], timeout: float = 
         return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
 
     api.wait(APISERVICE, available, timeout=timeout, what="the metrics.k8s.io APIService")
-
-
-def kubectl(clients: Path, cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [clients / "kubectl", "--kubeconfig", str(cp.admin_kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def approve_serving_csr(clients: Path, cp: ControlPlane, api: Api, timeout: float = 90) -> None:
