@@ -225,10 +225,13 @@ def clients() -> Path:
     return Path(built.stdout.strip())
 
 
-def kubectl(clients: Path, cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+def kubectl(
+    clients: Path, cp: ControlPlane, *args: str, stdin: str = ""
+) -> subprocess.CompletedProcess[str]:
     """The release's own kubectl (``clients``, scripts/build-clients) as ``cp``'s admin."""
     return subprocess.run(
         [clients / "kubectl", "--kubeconfig", str(cp.admin_kubeconfig), *args],
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=60,

@@ -3,14 +3,14 @@
 The API server proxies both to the kubelet as SPDY/3.1 upgrades (translating kubectl's websocket
 on the way), authenticated with its kubelet-client certificate; the agent authorises that with a
 SubjectAccessReview and splices the connection to containerd's streaming server. kubectl is
-driven as a user runs it, with the admin kubeconfig.
+driven as a user runs it, with the admin kubeconfig: the release's own kubectl
+(scripts/build-clients).
 """
 
 from __future__ import annotations
 
 import re
 import select
-import shutil
 import socket
 import subprocess
 import time
@@ -30,11 +30,7 @@ from tests.e2e.agent import (
     node_agent,
     pod_manifest,
 )
-from tests.e2e.conftest import ControlPlane
-
-KUBECTL = shutil.which("kubectl")
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed; these tests "
-                                                        "drive it against the real API server")
+from tests.e2e.conftest import ControlPlane, kubectl
 
 NODE = "exec-node"
 POD = "talk"
@@ -68,22 +64,13 @@ def talk(
         yield run
 
 
-def kubectl(control_plane: ControlPlane, *args: str, stdin: bytes = b""
-            ) -> subprocess.CompletedProcess[bytes]:
-    assert KUBECTL is not None
-    return subprocess.run(
-        [KUBECTL, "--kubeconfig", str(control_plane.admin_kubeconfig), *args],
-        input=stdin, capture_output=True, timeout=60,
-    )
-
-
 def test_exec_passes_stdout_stderr_and_the_exit_code(
-    talk: AgentProcess, control_plane: ControlPlane
+    talk: AgentProcess, control_plane: ControlPlane, clients: Path
 ) -> None:
-    done = kubectl(control_plane, "exec", POD, "-c", "main", "--",
+    done = kubectl(clients, control_plane, "exec", POD, "-c", "main", "--",
                    "sh", "-c", "echo out; echo err >&2; exit 3")
-    assert done.stdout == b"out\n"
-    assert done.stderr.startswith(b"err\n"), done.stderr
+    assert done.stdout == "out\n"
+    assert done.stderr.startswith("err\n"), done.stderr
     assert done.returncode == 3, done.stderr
     # kubectl may return before the agent has closed both connections and logged the end.
     deadline = time.monotonic() + 10
@@ -92,17 +79,18 @@ def test_exec_passes_stdout_stderr_and_the_exit_code(
     assert "SPDY session ended" in talk.text()
 
 
-def test_exec_with_stdin_sees_its_end(talk: AgentProcess, control_plane: ControlPlane) -> None:
-    text = b"".join(b"line %d\n" % n for n in range(2000))  # ~20 KB: several frames
-    done = kubectl(control_plane, "exec", "-i", POD, "-c", "main", "--", "cat", stdin=text)
-    assert (done.returncode, done.stderr) == (0, b"")
+def test_exec_with_stdin_sees_its_end(
+    talk: AgentProcess, control_plane: ControlPlane, clients: Path
+) -> None:
+    text = "".join(f"line {n}\n" for n in range(2000))  # ~20 KB: several frames
+    done = kubectl(clients, control_plane, "exec", "-i", POD, "-c", "main", "--", "cat", stdin=text)
+    assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == text
 
 
-def test_port_forward(talk: AgentProcess, control_plane: ControlPlane) -> None:
-    assert KUBECTL is not None
+def test_port_forward(talk: AgentProcess, control_plane: ControlPlane, clients: Path) -> None:
     forward = subprocess.Popen(
-        [KUBECTL, "--kubeconfig", str(control_plane.admin_kubeconfig), "port-forward",
+        [clients / "kubectl", "--kubeconfig", str(control_plane.admin_kubeconfig), "port-forward",
          f"pod/{POD}", f":{PORT}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
