@@ -33,11 +33,12 @@ from trio_kubelet.events import (
 )
 from trio_kubelet.images.manager import ImageManager
 from trio_kubelet.model.pod import Pod
-from trio_kubelet.reconcile import workers
 from trio_kubelet.reconcile.container_setup import NodeFacts
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import SYNC_ERROR_RETRY, WorkerContext
-from trio_kubelet.recording.records import Header
+from trio_kubelet.recording import pod_decisions
+from trio_kubelet.recording.recorder import Recorder
+from trio_kubelet.recording.records import Header, StatusRecord
 from trio_kubelet.replay.reader import read_recording
 from trio_kubelet.replay.replayer import ReplayResult, replay
 from trio_kubelet.runtime import labels
@@ -82,10 +83,10 @@ class Agent:
         raise AssertionError(f"pod {uid} did not reach the expected state: {self.store.get(uid)}")
 
 
-class ListRecorder:
-    """Stands in for the agent's recorder: keeps each record, built at once, in a list."""
+class ListRecorder(Recorder):
+    """The agent's recorder, keeping each record, built at once, in a list instead of a file."""
 
-    def __init__(self) -> None:
+    def __init__(self) -> None:  # no file
         self.records: list[Any] = []
 
     def add(self, make: Callable[[], Any]) -> None:
@@ -291,6 +292,23 @@ async def test_an_admission_under_pressure_replays_from_its_record(
     tampered = admission.model_copy(update={"node_conditions": []})
     records = [tampered if r is admission else r for r in recorder.records]
     assert not replay([header, *records]).ok
+
+
+async def test_a_pod_past_its_active_deadline_replays_its_status(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """DeadlineExceeded ends the pod Failed without a DisruptionTarget; replay says the same."""
+    recorder = ListRecorder()
+    pod = make_pod("web", WEB)
+    pod.spec.active_deadline_seconds = 5
+    async with fake_runtime(tmp_path) as runtime, agent(runtime, recorder=recorder) as node:
+        await node.send.send(pod_set("file", pod))
+        await node.wait_for(WEB, lambda p: p.status.reason == "DeadlineExceeded")
+
+    header = Header(agent_version="test", node="n", start_time=T0, config={}, sources=["file"])
+    result = replay([header, *recorder.records])
+    assert result.ok, result.divergence
+    assert any(isinstance(r, StatusRecord) and r.decided == "evicted" for r in recorder.records)
 
 
 async def test_an_eviction_replays_from_its_record(
@@ -719,7 +737,7 @@ async def test_runtime_outage_during_a_sync_is_retried_and_other_pods_keep_worki
 async def test_an_unexpected_error_in_one_pod_leaves_the_others_running(
     autojump_clock: trio.testing.MockClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = workers.compute_pod_actions
+    real = pod_decisions.compute_pod_actions
     broken = {WEB}
 
     def compute(pod: Pod, runtime: RuntimePodStatus, **kwargs: Any) -> PodActions:
@@ -727,7 +745,7 @@ async def test_an_unexpected_error_in_one_pod_leaves_the_others_running(
             raise RuntimeError("bug in one pod's decision")
         return real(pod, runtime, **kwargs)
 
-    monkeypatch.setattr(workers, "compute_pod_actions", compute)
+    monkeypatch.setattr(pod_decisions, "compute_pod_actions", compute)
     async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
         start = trio.current_time()
         await node.send.send(pod_set("file", make_pod("web", WEB), make_pod("api", API)))

@@ -21,7 +21,13 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message as ProtobufMessage
 from pydantic import BaseModel
 
-from trio_kubelet.recording.records import CRIRecord, Header, SnapshotRecord
+from trio_kubelet.recording.records import (
+    CRIRecord,
+    EventRecord,
+    Header,
+    SnapshotRecord,
+    TeardownRecord,
+)
 
 log = logging.getLogger("trio_kubelet.recorder")
 
@@ -74,16 +80,21 @@ class Recorder:
         self._queue: list[Thunk] = []
         self._file: TextIO | None = None
         self._written = 0
-        self.seq = 0
 
     def add(self, make: Thunk) -> None:
         """Queue a record; ``make`` runs later, in the flusher, so it must capture final values."""
         self._queue.append(make)
 
-    def next_seq(self) -> int:
-        seq = self.seq
-        self.seq += 1
-        return seq
+    def event(self, seq: int, event: BaseModel) -> None:
+        """An event as the sync loop consumed it, numbered ``seq`` (records name specs by it)."""
+        t = trio.current_time()
+        self.add(lambda: EventRecord(t=t, seq=seq, event=event.model_dump(mode="json",
+                                                                       by_alias=True)))
+
+    def teardown(self, uid: str, pod: str) -> None:
+        """A pod's containers, sandboxes and logs are gone (the end of its timeline lanes)."""
+        t = trio.current_time()
+        self.add(lambda: TeardownRecord(t=t, uid=uid, pod=pod))
 
     def cri_observer(self, method: str, request: Any, outcome: Any, duration: float) -> None:
         """The CRI client's observer: every call except the PLEG's unfiltered relists.
