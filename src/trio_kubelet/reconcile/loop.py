@@ -195,7 +195,7 @@ class SyncLoop:
         worker = self.workers.get(uid)
         if worker is None:
             assert self._nursery is not None, "SyncLoop.handle called before run()"
-            worker = PodWorker(uid, self._ctx)
+            worker = PodWorker(uid, self._ctx, self.node_pods)
             self.workers[uid] = worker
             self._gone.discard(uid)
             if pod is not None:
@@ -231,6 +231,10 @@ class SyncLoop:
             )
             self._ctx.events.pod_event(pod, "Warning", rejection.reason, rejection.message)
         return rejection
+
+    def node_pods(self) -> list[Pod]:
+        """The pods on the node, as their workers last published them (the QoS tiers' input)."""
+        return [pod for worker in self.workers.values() if (pod := worker.published) is not None]
 
     def active_pods(self) -> list[Pod]:
         """The pods admitted and not finished: what eviction may choose from."""

@@ -115,9 +115,14 @@ class _SyncResult:
 class PodWorker:
     """Owns one pod UID for its whole life on the node, from first sync to teardown."""
 
-    def __init__(self, uid: str, ctx: WorkerContext) -> None:
+    def __init__(self, uid: str, ctx: WorkerContext, node_pods: Callable[[], list[Pod]]) -> None:
         self.uid = uid
         self.pod: Pod | None = None  # the desired pod; None = tear down
+        # The pod as its status was last published (None: never, or torn down since): what
+        # a teardown kills by, and what the QoS tiers count while the pod is on the node.
+        self.published: Pod | None = None
+        # The pods on the node (every worker's ``published``), from the sync loop.
+        self._node_pods = node_pods
         self.spec_seq = -1  # seq of the event that set ``pod`` (for recordings)
         self.syncing: tuple[int, Pod] | None = None  # the spec version a running sync uses
         self._requeue_at = math.inf
@@ -440,7 +445,7 @@ class PodWorker:
         qos = self._ctx.qos
         if qos is None:
             return
-        others = [p for p in self._ctx.store.pods() if p.metadata.uid != self.uid]
+        others = [p for p in self._node_pods() if p.metadata.uid != self.uid]
         await qos.update_qos([*others, pod])
         await qos.ensure_pod(pod)
 
@@ -756,7 +761,7 @@ class PodWorker:
         """Tear the pod down: kill with grace, then remove its containers, sandboxes and logs."""
         ctx = self._ctx
         runtime = await inspect_pod(ctx.client, self.uid)
-        pod = ctx.store.get(self.uid)
+        pod = self.published
         name = pod.full_name if pod else f"{runtime.name}_{runtime.namespace}"
         log.info("Tearing down pod %s (%s)", name, self.uid)
         await self._kill_pod(pod, runtime)
@@ -774,10 +779,11 @@ class PodWorker:
         if ctx.qos is not None:
             try:
                 await ctx.qos.remove_pod(self.uid)
-                await ctx.qos.update_qos(p for p in ctx.store.pods() if p.metadata.uid != self.uid)
+                await ctx.qos.update_qos(p for p in self._node_pods() if p.metadata.uid != self.uid)
             except CgroupError as err:  # the orphan sweep tries again
                 log.warning("Removing the cgroups of pod %s (%s) failed: %s", name, self.uid, err)
         ctx.store.remove(self.uid)
+        self.published = None
         if ctx.recorder is not None:
             ctx.recorder.teardown(self.uid, name)
         log.info("Pod %s (%s) is gone", name, self.uid)
@@ -809,6 +815,7 @@ class PodWorker:
         """Decide the pod's status from ``inputs`` (recorded when it changed) and publish it."""
         ctx = self._ctx
         self._status = PodStatusDecision.publish(ctx.recorder, self.uid, pod, inputs)
+        self.published = pod
         stopped = not any(
             c.state is ContainerState.RUNNING for c in runtime.containers
         ) and not any(s.state is SandboxState.READY for s in runtime.sandboxes)
