@@ -105,28 +105,19 @@ class Recorder:
         if method in ("ListContainers", "ListPodSandbox") and not getattr(request, "filter", None):
             return
         t = trio.current_time()
-        if isinstance(outcome, Exception):
-            code = getattr(outcome, "code", None)
-            self.add(
-                lambda: CRIRecord(
-                    t=t,
-                    method=method,
-                    request=_message_json(request) or {},
-                    error=str(outcome),
-                    error_code=getattr(code, "name", None),
-                    duration=duration,
-                )
+        failed = isinstance(outcome, Exception)
+        code = getattr(outcome, "code", None) if failed else None
+        self.add(
+            lambda: CRIRecord(
+                t=t,
+                method=method,
+                request=_message_json(request) or {},
+                response=None if failed else _message_json(outcome),
+                error=str(outcome) if failed else None,
+                error_code=getattr(code, "name", None),
+                duration=duration,
             )
-        else:
-            self.add(
-                lambda: CRIRecord(
-                    t=t,
-                    method=method,
-                    request=_message_json(request) or {},
-                    response=_message_json(outcome),
-                    duration=duration,
-                )
-            )
+        )
 
     async def run(
         self,
