@@ -226,16 +226,15 @@ class PodWorker:
     async def _sync_spec(self, pod: Pod, spec_seq: int) -> float:
         ctx = self._ctx
         runtime = await inspect_pod(ctx.client, self.uid, pod=pod, messages=self._messages)
-        now = ctx.clock.now()
-        # As the Go kubelet: publish what is observed before acting, so a long kill
-        # (grace periods) does not hide that a container already exited.
-        self._publish(pod, spec_seq, runtime, now, self._errors)
         sync = PodSync.decide(
-            ctx.recorder, self.uid, pod, spec_seq, runtime, now=now,
+            ctx.recorder, self.uid, pod, spec_seq, runtime, now=ctx.clock.now(),
             liveness=ctx.probe_results.of(self.uid, ProbeType.LIVENESS),
             startup=ctx.probe_results.of(self.uid, ProbeType.STARTUP),
         )
         result = _SyncResult(sync)
+        # As the Go kubelet: publish what is observed before acting, so a long kill
+        # (grace periods) does not hide that a container already exited.
+        self._publish(pod, spec_seq, runtime, sync.now, self._errors)
         changed = await self._execute(pod, runtime, sync.actions, result)
         sync.finish()
         self._errors = result.errors
