@@ -365,7 +365,7 @@ async def test_a_pass_that_removes_something_is_recorded_and_replays(
         await n.client.stop_pod_sandbox(gone[0])
         gc = ContainerGC(n.client, DEFAULT, existing_pods=lambda: n.existing,
                          sources_ready=lambda: n.ready, pod_logs_dir=n.logs,
-                         clock=n.wall.now, recorder=recorder)  # type: ignore[arg-type]
+                         clock=n.wall.now, recorder=recorder)
         await gc.collect()
         await gc.collect()  # nothing left to remove: nothing recorded
 

@@ -45,6 +45,9 @@ class FakePods:
         gone = {uid for uid, _, _ in self.evicted}
         return [p for p in self.pods if p.metadata.uid not in gone]
 
+    def spec_seq(self, uid: str) -> int:
+        return -1  # no recording here: no event set the specs
+
     async def send(self, event: Event) -> None:
         """The sync loop's channel: evictions carried out at once, conditions kept."""
         if isinstance(event, EvictPod):

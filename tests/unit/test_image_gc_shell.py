@@ -249,7 +249,7 @@ async def test_choices_are_recorded_and_replay_to_the_same_images(
     tags = {v: k.split("/")[-1] for k, v in env.fake._tags.items()}
     recorder = ListRecorder()
     gc = ImageGC(env.client, POLICY, node_name=NODE, events=env.events,
-                 image_fs=env.image_fs, recorder=recorder)  # type: ignore[arg-type]
+                 image_fs=env.image_fs, recorder=recorder)
     gc.note_used(env.fake._tags["r.io/c:1"])
     await gc.collect()
     await gc.collect()  # under the threshold now: nothing chosen, nothing recorded
@@ -282,7 +282,7 @@ async def test_an_age_removal_is_recorded_and_replays(env: Env, tmp_path: Path) 
     recorder = ListRecorder()
     policy = ImageGCPolicy(85, 80, minimum_age=0, maximum_age=1.0)
     gc = ImageGC(env.client, policy, node_name=NODE, events=env.events,
-                 image_fs=env.image_fs, recorder=recorder)  # type: ignore[arg-type]
+                 image_fs=env.image_fs, recorder=recorder)
     async with trio.open_nursery() as nursery:
         await nursery.start(gc.run)
         await trio.sleep(1.2)

@@ -6,7 +6,9 @@ autojump; the fake reads the same clock. Events are fed as the sources would sen
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,6 +20,8 @@ import pytest
 import trio
 import trio.testing
 
+from tests.cgroupfs_fake import cgroupfs_rmdir
+from tests.unit.test_resources_cgroups import FakeCgroupfs
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.config import KubeletConfiguration
 from trio_kubelet.core.actions import PodActions
@@ -33,13 +37,15 @@ from trio_kubelet.events import (
 )
 from trio_kubelet.images.manager import ImageManager
 from trio_kubelet.model.pod import Pod
-from trio_kubelet.reconcile import workers
 from trio_kubelet.reconcile.container_setup import NodeFacts
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.workers import SYNC_ERROR_RETRY, WorkerContext
-from trio_kubelet.recording.records import Header
+from trio_kubelet.recording import pod_decisions
+from trio_kubelet.recording.recorder import Recorder
+from trio_kubelet.recording.records import Header, StatusRecord
 from trio_kubelet.replay.reader import read_recording
 from trio_kubelet.replay.replayer import ReplayResult, replay
+from trio_kubelet.resources.cgroups import QOSCgroups
 from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.client import CRIClient
 from trio_kubelet.runtime.cri.runtime import v1
@@ -82,10 +88,10 @@ class Agent:
         raise AssertionError(f"pod {uid} did not reach the expected state: {self.store.get(uid)}")
 
 
-class ListRecorder:
-    """Stands in for the agent's recorder: keeps each record, built at once, in a list."""
+class ListRecorder(Recorder):
+    """The agent's recorder, keeping each record, built at once, in a list instead of a file."""
 
-    def __init__(self) -> None:
+    def __init__(self) -> None:  # no file
         self.records: list[Any] = []
 
     def add(self, make: Callable[[], Any]) -> None:
@@ -114,11 +120,11 @@ async def fake_runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
 @asynccontextmanager
 async def agent(runtime: Runtime, sources: tuple[str, ...] = ("file",), *,
                 pleg: bool = False, node: NodeFacts | None = None,
-                recorder: Any = None) -> AsyncIterator[Agent]:
+                recorder: Any = None, qos: QOSCgroups | None = None) -> AsyncIterator[Agent]:
     store = PodStatusStore()
     ctx = WorkerContext(client=runtime.client, images=ImageManager(runtime.client),
                         store=store, clock=runtime.wall, pod_logs_dir=runtime.logs,
-                        node=node or NodeFacts(), recorder=recorder)
+                        node=node or NodeFacts(), recorder=recorder, qos=qos)
     # No resync spreading here: a ResyncTick wakes every worker at once, which the
     # coalescing tests rely on (spreading has its own test below).
     loop = SyncLoop(ctx, sources, sync_frequency=0.0)
@@ -291,6 +297,23 @@ async def test_an_admission_under_pressure_replays_from_its_record(
     tampered = admission.model_copy(update={"node_conditions": []})
     records = [tampered if r is admission else r for r in recorder.records]
     assert not replay([header, *records]).ok
+
+
+async def test_a_pod_past_its_active_deadline_replays_its_status(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """DeadlineExceeded ends the pod Failed without a DisruptionTarget; replay says the same."""
+    recorder = ListRecorder()
+    pod = make_pod("web", WEB)
+    pod.spec.active_deadline_seconds = 5
+    async with fake_runtime(tmp_path) as runtime, agent(runtime, recorder=recorder) as node:
+        await node.send.send(pod_set("file", pod))
+        await node.wait_for(WEB, lambda p: p.status.reason == "DeadlineExceeded")
+
+    header = Header(agent_version="test", node="n", start_time=T0, config={}, sources=["file"])
+    result = replay([header, *recorder.records])
+    assert result.ok, result.divergence
+    assert any(isinstance(r, StatusRecord) and r.decided == "evicted" for r in recorder.records)
 
 
 async def test_an_eviction_replays_from_its_record(
@@ -719,7 +742,7 @@ async def test_runtime_outage_during_a_sync_is_retried_and_other_pods_keep_worki
 async def test_an_unexpected_error_in_one_pod_leaves_the_others_running(
     autojump_clock: trio.testing.MockClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = workers.compute_pod_actions
+    real = pod_decisions.compute_pod_actions
     broken = {WEB}
 
     def compute(pod: Pod, runtime: RuntimePodStatus, **kwargs: Any) -> PodActions:
@@ -727,7 +750,7 @@ async def test_an_unexpected_error_in_one_pod_leaves_the_others_running(
             raise RuntimeError("bug in one pod's decision")
         return real(pod, runtime, **kwargs)
 
-    monkeypatch.setattr(workers, "compute_pod_actions", compute)
+    monkeypatch.setattr(pod_decisions, "compute_pod_actions", compute)
     async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
         start = trio.current_time()
         await node.send.send(pod_set("file", make_pod("web", WEB), make_pod("api", API)))
@@ -754,6 +777,55 @@ async def test_teardown_removes_the_log_directory_even_without_a_sandbox(
         await node.send.send(pod_set("file"))
         await wait_until(lambda: node.store.get(WEB) is None)
         assert not log_dir.exists()
+
+
+async def test_teardown_kills_with_the_grace_of_the_spec_the_pod_last_ran_by(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A removed pod has no desired spec: its worker kills it by the one it last published
+    (5 s grace: the process's 4 s SIGTERM exit fits, where an orphan's 2 s would not)."""
+    async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
+        runtime.fake.script("web", "main", ContainerScript(term_grace=4.0))
+        await node.send.send(pod_set("file", make_pod("web", WEB)))
+        await node.wait_for(WEB, is_running)
+        removed = trio.current_time()
+        await node.send.send(pod_set("file"))
+        await wait_until(lambda: node.store.get(WEB) is None)
+        assert trio.current_time() - removed == pytest.approx(4.0, abs=0.1)
+        assert node.loop.node_pods() == []
+
+
+async def test_the_qos_tiers_count_the_pods_on_the_node_and_not_a_removed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each new pod's cgroup is set up with the Burstable tier counting it and every pod the
+    loop's workers run; a torn-down pod leaves the tier. (On trio's real clock: the cgroup
+    writes run in threads, which an autojumping clock would not wait for.)"""
+    monkeypatch.setattr(os, "rmdir", functools.partial(cgroupfs_rmdir, os.rmdir))
+    (tmp_path / "cgroup").mkdir()
+    cgroups = FakeCgroupfs(tmp_path / "cgroup")
+    qos = QOSCgroups(cgroups.root)
+    await qos.start()
+
+    def burstable(name: str, uid: str, cpu: str) -> Pod:
+        return make_pod(name, uid, containers=[
+            {"name": "main", "image": IMAGE, "resources": {"requests": {"cpu": cpu}}}])
+
+    def shares() -> str:
+        return cgroups.read("cpu", "kubepods/burstable", "cpu.shares")
+
+    async with fake_runtime(tmp_path) as runtime, agent(runtime, qos=qos) as node:
+        await node.send.send(pod_set("file", burstable("web", WEB, "250m")))
+        await node.wait_for(WEB, is_running)
+        assert shares() == "256"
+        await node.send.send(pod_set("file", burstable("web", WEB, "250m"),
+                                     burstable("api", API, "1")))
+        await node.wait_for(API, is_running)
+        assert shares() == "1280"
+        await node.send.send(pod_set("file", burstable("api", API, "1")))
+        await wait_until(lambda: node.store.get(WEB) is None)
+        assert shares() == "1024"
+        assert not cgroups.exists("cpu", f"kubepods/burstable/pod{WEB}")
 
 
 async def test_resync_is_spread_over_the_period_deterministically(

@@ -26,7 +26,6 @@ import trio
 from trio_kubelet.config import KubeletConfiguration
 from trio_kubelet.core.eviction import DISK_SIGNALS
 from trio_kubelet.core.image_gc import (
-    NEVER,
     ImageFs,
     ImageGCPolicy,
     ImageRecord,
@@ -45,8 +44,8 @@ from trio_kubelet.core.image_gc import (
 from trio_kubelet.core.image_ref import InvalidImageReference, parse_image_reference
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
+from trio_kubelet.recording.node_decisions import ImageGCPass
 from trio_kubelet.recording.recorder import Recorder
-from trio_kubelet.recording.records import ImageGCRecord
 from trio_kubelet.runtime.cri.runtime import v1
 from trio_kubelet.runtime.errors import CRIError
 from trio_kubelet.sources.sampler import statvfs
@@ -265,30 +264,13 @@ class ImageGC:
         removed_by_age: Sequence[ImageRecord],
         removals: Sequence[ImageRecord],
     ) -> None:
-        """A pass's choices and their inputs as an ``ImageGCRecord`` (``fs`` None: a reclaim).
-
-        The images are recorded as the pass detected them: the age removals have
-        already dropped their records, so those are added back.
-        """
-        recorder = self._recorder
-        if recorder is None:
-            return
-        record = ImageGCRecord(
-            t=trio.current_time(),
-            now=now,
-            started_at=started_at,
-            images=[
-                (r.id, r.size, r.pinned, _time_or_none(r.first_detected),
-                 _time_or_none(r.last_used))
-                for r in (*self._records.values(), *removed_by_age)
-            ],
-            in_use=sorted(in_use),
-            image_fs=(fs.capacity_bytes, fs.available_bytes) if fs is not None else None,
-            expired=[r.id for r in expired],
-            removed_by_age=[r.id for r in removed_by_age],
-            removals=[r.id for r in removals],
+        """A pass's choices with their inputs (``fs`` None: a reclaim). The images as the
+        pass detected them: the age removals have already dropped their records."""
+        ImageGCPass.recorded(
+            self._recorder, now=now, started_at=started_at,
+            detected=[*self._records.values(), *removed_by_age], in_use=in_use, image_fs=fs,
+            expired=expired, removed_by_age=removed_by_age, removals=removals,
         )
-        recorder.add(lambda: record)  # built now: the records change as removals finish
 
     async def _free(self, plan: SpacePlan) -> tuple[list[ImageRecord], list[str]]:
         """Remove the plan's images; when one fails, take the next spare until enough is freed."""
@@ -366,11 +348,6 @@ class ImageGC:
     def _raise_for(failures: Sequence[str]) -> None:
         if failures:
             raise ImageGCError(f"removing images failed: {_describe(failures)}")
-
-
-def _time_or_none(moment: float) -> float | None:
-    """A record time for JSON: None for ``NEVER`` (minus infinity)."""
-    return None if moment == NEVER else moment
 
 
 def _describe(failures: Sequence[str]) -> str:

@@ -24,12 +24,11 @@ from trio_kubelet.core.container_gc import (
     GCPolicy,
     GCSandbox,
     log_dir_pod_uid,
-    plan_container_gc,
 )
 from trio_kubelet.core.eviction import DISK_SIGNALS
 from trio_kubelet.core.observed import ContainerState, SandboxState
+from trio_kubelet.recording.node_decisions import ContainerGCPass
 from trio_kubelet.recording.recorder import Recorder
-from trio_kubelet.recording.records import ContainerGCRecord
 from trio_kubelet.resources.cgroups import CgroupError, QOSCgroups
 from trio_kubelet.runtime.client import CRIClient
 from trio_kubelet.runtime.configs import container_log_path
@@ -177,60 +176,11 @@ class ContainerGC:
         ready = self._sources_ready()
         existing = self._existing_pods()
         now = self._clock()
-        plan = plan_container_gc(
-            containers,
-            sandboxes,
-            policy=self.policy,
-            now=now,
-            existing_pods=existing,
-            sources_ready=ready,
-            log_dirs=log_dirs,
+        plan = ContainerGCPass.decide(
+            self._recorder, containers, sandboxes, policy=self.policy, now=now,
+            existing_pods=existing, sources_ready=ready, log_dirs=log_dirs,
         )
-        in_runtime = {c.pod_uid for c in containers} | {s.pod_uid for s in sandboxes}
-        if plan.containers or plan.sandboxes or plan.log_dirs:
-            self._record(plan, containers, sandboxes, log_dirs, existing, in_runtime, now, ready)
-        return plan, in_runtime
-
-    def _record(
-        self,
-        plan: GCPlan,
-        containers: list[GCContainer],
-        sandboxes: list[GCSandbox],
-        log_dirs: list[str],
-        existing: Collection[str],
-        in_runtime: set[str],
-        now: float,
-        ready: bool,
-    ) -> None:
-        """A plan that removes something, with its inputs, as a ``ContainerGCRecord``."""
-        recorder = self._recorder
-        if recorder is None:
-            return
-        t = trio.current_time()
-        mentioned = in_runtime | {log_dir_pod_uid(name) for name in log_dirs}
-        existing_now = sorted(uid for uid in mentioned if uid in existing)  # it changes later
-        policy = self.policy
-        recorder.add(
-            lambda: ContainerGCRecord(
-                t=t,
-                now=now,
-                policy=(policy.min_age, policy.max_per_pod_container, policy.max_containers),
-                sources_ready=ready,
-                containers=[
-                    (c.id, c.pod_uid, c.name, c.state.value, c.created_at, c.attempt,
-                     c.sandbox_id, c.log_path)
-                    for c in containers
-                ],
-                sandboxes=[
-                    (s.id, s.pod_uid, s.state.value, s.created_at, s.attempt) for s in sandboxes
-                ],
-                log_dirs=list(log_dirs),
-                existing_pods=existing_now,
-                removed_containers=[c.id for c in plan.containers],
-                removed_sandboxes=[s.id for s in plan.sandboxes],
-                removed_log_dirs=list(plan.log_dirs),
-            )
-        )
+        return plan, {c.pod_uid for c in containers} | {s.pod_uid for s in sandboxes}
 
     async def _remove_containers(self, containers: list[GCContainer], result: GCResult) -> None:
         """RemoveContainer each; one in an unknown state is stopped first (it may run)."""

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import trio
 
-from trio_kubelet.core.admission import Rejection, admit
+from trio_kubelet.core.admission import Rejection
 from trio_kubelet.events import (
     Event,
     EvictPod,
@@ -29,12 +29,8 @@ from trio_kubelet.events import (
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.reconcile.podconfig import Change, PodConfig
 from trio_kubelet.reconcile.workers import PodWorker, WorkerContext
-from trio_kubelet.recording.records import (
-    AdmissionRecord,
-    EventRecord,
-    InFlightSpec,
-    SnapshotRecord,
-)
+from trio_kubelet.recording.pod_decisions import Admission
+from trio_kubelet.recording.records import InFlightSpec, SnapshotRecord
 
 log = logging.getLogger("trio_kubelet.sync")
 
@@ -100,14 +96,8 @@ class SyncLoop:
         self.last_handled = trio.current_time()
         seq = self._seq
         self._seq += 1
-        recorder = self._ctx.recorder
-        if recorder is not None:
-            t = trio.current_time()
-            recorder.add(
-                lambda: EventRecord(
-                    t=t, seq=seq, event=event.model_dump(mode="json", by_alias=True)
-                )
-            )
+        if self._ctx.recorder is not None:
+            self._ctx.recorder.event(seq, event)
         if isinstance(event, PodSetUpdate):
             self._apply(self.config.apply(event), seq)
         elif isinstance(event, PodLifecycleEvent):
@@ -205,7 +195,7 @@ class SyncLoop:
         worker = self.workers.get(uid)
         if worker is None:
             assert self._nursery is not None, "SyncLoop.handle called before run()"
-            worker = PodWorker(uid, self._ctx)
+            worker = PodWorker(uid, self._ctx, self.node_pods)
             self.workers[uid] = worker
             self._gone.discard(uid)
             if pod is not None:
@@ -226,33 +216,11 @@ class SyncLoop:
             for other, worker in self.workers.items()
             if other != uid and (admitted_pod := worker.admitted_pod) is not None
         }
-        allocatable = self._ctx.node.allocatable or {}
-        conditions = list(self.node_conditions())
-        rejection = admit(
-            pod,
-            [admitted_pod for _, admitted_pod in admitted.values()],
-            allocatable,
+        rejection = Admission.decide(
+            self._ctx.recorder, uid, pod, seq, admitted, self._ctx.node.allocatable or {},
             allowed_unsafe_sysctls=self._allowed_unsafe_sysctls,
-            node_conditions=conditions,
+            node_conditions=list(self.node_conditions()),
         )
-        recorder = self._ctx.recorder
-        if recorder is not None:
-            t, name = trio.current_time(), pod.full_name
-            seqs = {other: spec_seq for other, (spec_seq, _) in admitted.items()}
-            wire = {name: str(value) for name, value in allocatable.items()}
-            recorder.add(
-                lambda: AdmissionRecord(
-                    t=t,
-                    uid=uid,
-                    pod=name,
-                    spec_seq=seq,
-                    admitted=seqs,
-                    allocatable=wire,
-                    node_conditions=conditions,
-                    reason=rejection.reason if rejection else None,
-                    message=rejection.message if rejection else None,
-                )
-            )
         if rejection is not None:
             log.warning(
                 "Rejected pod %s (%s): %s: %s",
@@ -263,6 +231,10 @@ class SyncLoop:
             )
             self._ctx.events.pod_event(pod, "Warning", rejection.reason, rejection.message)
         return rejection
+
+    def node_pods(self) -> list[Pod]:
+        """The pods on the node, as their workers last published them (the QoS tiers' input)."""
+        return [pod for worker in self.workers.values() if (pod := worker.published) is not None]
 
     def active_pods(self) -> list[Pod]:
         """The pods admitted and not finished: what eviction may choose from."""

@@ -11,32 +11,26 @@ import contextlib
 import logging
 import math
 import shutil
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 import trio
 
 from trio_kubelet.apiserver.object_cache import PodObjects
 from trio_kubelet.apiserver.tokens import TokenSource
 from trio_kubelet.clock import TrioWallClock
-from trio_kubelet.core.actions import PodActions, compute_pod_actions
+from trio_kubelet.core.actions import PodActions
 from trio_kubelet.core.active_deadline import (
     DEADLINE_EXCEEDED_MESSAGE,
     REASON_DEADLINE_EXCEEDED,
     seconds_to_deadline,
 )
-from trio_kubelet.core.admission import Rejection, rejected_status
-from trio_kubelet.core.backoff import (
-    Backoff,
-    backoff_key,
-    crash_loop_message,
-    gate_container_start,
-)
-from trio_kubelet.core.eviction import REASON_EVICTED, Eviction, evicted_status
+from trio_kubelet.core.admission import Rejection
+from trio_kubelet.core.backoff import Backoff, backoff_key, crash_loop_message
+from trio_kubelet.core.eviction import REASON_EVICTED, Eviction
 from trio_kubelet.core.grace import (
     at_least_minimum,
     remaining_grace,
@@ -45,7 +39,6 @@ from trio_kubelet.core.grace import (
 )
 from trio_kubelet.core.objects import no_objects
 from trio_kubelet.core.observed import ContainerState, RuntimePodStatus, SandboxState
-from trio_kubelet.core.phase import compute_pod_status
 from trio_kubelet.core.pod_dns import MISSING_CLUSTER_DNS, MISSING_CLUSTER_DNS_MESSAGE, pod_dns
 from trio_kubelet.core.probes import ProbeType
 from trio_kubelet.images.manager import ImageError, ImageManager
@@ -58,14 +51,8 @@ from trio_kubelet.reconcile.container_setup import (
     prepare_container,
 )
 from trio_kubelet.reconcile.hooks import run_hook
-from trio_kubelet.recording.codec import actions_to_json, observed_to_json, probe_results_to_json
+from trio_kubelet.recording.pod_decisions import PodStatusDecision, PodSync, StatusInputs
 from trio_kubelet.recording.recorder import Recorder
-from trio_kubelet.recording.records import (
-    ContainerStart,
-    DecisionRecord,
-    StatusRecord,
-    TeardownRecord,
-)
 from trio_kubelet.resources.cgroups import CgroupError, QOSCgroups
 from trio_kubelet.runtime import configs
 from trio_kubelet.runtime.client import CRIClient
@@ -110,12 +97,16 @@ class WorkerContext:
 
 @dataclass
 class _SyncResult:
-    """What one sync decided and left behind: gates passed, errors, when to look again."""
+    """What one sync decided (its actions, the gates of its starts) and left behind: errors,
+    when to look again."""
 
-    now: float
+    sync: PodSync
     errors: dict[str, tuple[str, str]] = field(default_factory=dict)
-    starts: list[ContainerStart] = field(default_factory=list)
     requeue_at: float = math.inf
+
+    @property
+    def now(self) -> float:
+        return self.sync.now
 
     def retry_in(self, seconds: float) -> None:
         self.requeue_at = min(self.requeue_at, trio.current_time() + seconds)
@@ -124,9 +115,14 @@ class _SyncResult:
 class PodWorker:
     """Owns one pod UID for its whole life on the node, from first sync to teardown."""
 
-    def __init__(self, uid: str, ctx: WorkerContext) -> None:
+    def __init__(self, uid: str, ctx: WorkerContext, node_pods: Callable[[], list[Pod]]) -> None:
         self.uid = uid
         self.pod: Pod | None = None  # the desired pod; None = tear down
+        # The pod as its status was last published (None: never, or torn down since): what
+        # a teardown kills by, and what the QoS tiers count while the pod is on the node.
+        self.published: Pod | None = None
+        # The pods on the node (every worker's ``published``), from the sync loop.
+        self._node_pods = node_pods
         self.spec_seq = -1  # seq of the event that set ``pod`` (for recordings)
         self.syncing: tuple[int, Pod] | None = None  # the spec version a running sync uses
         self._requeue_at = math.inf
@@ -230,22 +226,17 @@ class PodWorker:
     async def _sync_spec(self, pod: Pod, spec_seq: int) -> float:
         ctx = self._ctx
         runtime = await inspect_pod(ctx.client, self.uid, pod=pod, messages=self._messages)
-        t = trio.current_time()
-        result = _SyncResult(now=ctx.clock.now())
+        sync = PodSync.decide(
+            ctx.recorder, self.uid, pod, spec_seq, runtime, now=ctx.clock.now(),
+            liveness=ctx.probe_results.of(self.uid, ProbeType.LIVENESS),
+            startup=ctx.probe_results.of(self.uid, ProbeType.STARTUP),
+        )
+        result = _SyncResult(sync)
         # As the Go kubelet: publish what is observed before acting, so a long kill
         # (grace periods) does not hide that a container already exited.
-        self._publish(pod, spec_seq, runtime, result.now, self._errors)
-        liveness = ctx.probe_results.of(self.uid, ProbeType.LIVENESS)
-        startup = ctx.probe_results.of(self.uid, ProbeType.STARTUP)
-        if ctx.recorder is not None:  # the maps are live: copy what this decision saw
-            liveness, startup = dict(liveness), dict(startup)
-        actions = compute_pod_actions(pod, runtime, liveness=liveness, startup=startup)
-        changed = await self._execute(pod, runtime, actions, result)
-        if ctx.recorder is not None:
-            self._record_decision(
-                ctx.recorder, t, pod, spec_seq, runtime, actions, result,
-                probe_results_to_json(dict(liveness)), probe_results_to_json(dict(startup)),
-            )
+        self._publish(pod, spec_seq, runtime, sync.now, self._errors)
+        changed = await self._execute(pod, runtime, sync.actions, result)
+        sync.finish()
         self._errors = result.errors
         if changed:
             runtime = await inspect_pod(ctx.client, self.uid, pod=pod, messages=self._messages)
@@ -269,8 +260,8 @@ class PodWorker:
         if runtime.containers or runtime.sandboxes:
             await self._kill_pod(pod, runtime)
             runtime = await inspect_pod(self._ctx.client, self.uid)
-        self._set_status(pod, rejected_status(pod, rejection), runtime, lambda: self._status_fields(
-            "rejected", spec_seq, reason=rejection.reason, message=rejection.message))
+        self._set_status(pod, runtime, self._status_inputs(
+            "rejected", spec_seq, None, reason=rejection.reason, message=rejection.message))
 
     async def _sync_evicted(self, pod: Pod, spec_seq: int, eviction: Eviction) -> None:
         """Report an evicted pod Failed/Evicted, stop it with the eviction's grace, report again.
@@ -292,53 +283,9 @@ class PodWorker:
     def _set_evicted_status(
         self, pod: Pod, spec_seq: int, runtime: RuntimePodStatus, eviction: Eviction
     ) -> None:
-        ctx = self._ctx
-        now = ctx.clock.now()
-        status = compute_pod_status(
-            pod,
-            runtime,
-            now=now,
-            previous=self._status,
-            readiness=ctx.probe_results.of(self.uid, ProbeType.READINESS),
-            startup=ctx.probe_results.of(self.uid, ProbeType.STARTUP),
-            host_ip=ctx.node_ip,
-            runtime_name=ctx.runtime_name,
-            pod_is_terminal=True,
-        )
-        status = evicted_status(
-            status, eviction.message, now, eviction.reason, disruption=eviction.disruption
-        )
-        self._set_status(pod, status, runtime, lambda: self._status_fields(
-            "evicted", spec_seq, runtime, now=now, terminal=True, reason=eviction.reason,
-            message=eviction.message))
-
-    def _record_decision(
-        self,
-        recorder: Recorder,
-        t: float,
-        pod: Pod,
-        spec_seq: int,
-        runtime: RuntimePodStatus,
-        actions: PodActions,
-        result: _SyncResult,
-        liveness: dict[str, str],
-        startup: dict[str, str],
-    ) -> None:
-        name, now, starts = pod.full_name, result.now, list(result.starts)
-        recorder.add(
-            lambda: DecisionRecord(
-                t=t,
-                uid=self.uid,
-                pod=name,
-                spec_seq=spec_seq,
-                now=now,
-                observed=observed_to_json(runtime),
-                liveness=liveness,
-                startup=startup,
-                actions=actions_to_json(actions),
-                starts=starts,
-            )
-        )
+        self._set_status(pod, runtime, self._status_inputs(
+            "evicted", spec_seq, runtime, now=self._ctx.clock.now(), terminal=True,
+            reason=eviction.reason, message=eviction.message, disruption=eviction.disruption))
 
     async def _execute(
         self, pod: Pod, runtime: RuntimePodStatus, actions: PodActions, result: _SyncResult
@@ -497,7 +444,7 @@ class PodWorker:
         qos = self._ctx.qos
         if qos is None:
             return
-        others = [p for p in self._ctx.store.pods() if p.metadata.uid != self.uid]
+        others = [p for p in self._node_pods() if p.metadata.uid != self.uid]
         await qos.update_qos([*others, pod])
         await qos.ensure_pod(pod)
 
@@ -518,21 +465,8 @@ class PodWorker:
         ctx = self._ctx
         now = result.now
         newest = runtime.find(container.name)
-        key = backoff_key(pod, container)
-        prior = self._backoff.entries.get(key)
-        gate = gate_container_start(self._backoff, key, newest, now)
+        gate = result.sync.gate(self._backoff, backoff_key(pod, container), container.name, newest)
         self._backoff = gate.backoff
-        result.starts.append(
-            ContainerStart(
-                container=container.name,
-                key=key,
-                prior_delay=prior.delay if prior else None,
-                prior_update=prior.last_update if prior else None,
-                allowed=gate.allowed,
-                remaining=gate.remaining,
-                delay=gate.delay,
-            )
-        )
         if not gate.allowed:
             message = crash_loop_message(gate.delay, pod, container)
             result.errors[container.name] = ("CrashLoopBackOff", message)
@@ -826,7 +760,7 @@ class PodWorker:
         """Tear the pod down: kill with grace, then remove its containers, sandboxes and logs."""
         ctx = self._ctx
         runtime = await inspect_pod(ctx.client, self.uid)
-        pod = ctx.store.get(self.uid)
+        pod = self.published
         name = pod.full_name if pod else f"{runtime.name}_{runtime.namespace}"
         log.info("Tearing down pod %s (%s)", name, self.uid)
         await self._kill_pod(pod, runtime)
@@ -844,13 +778,13 @@ class PodWorker:
         if ctx.qos is not None:
             try:
                 await ctx.qos.remove_pod(self.uid)
-                await ctx.qos.update_qos(p for p in ctx.store.pods() if p.metadata.uid != self.uid)
+                await ctx.qos.update_qos(p for p in self._node_pods() if p.metadata.uid != self.uid)
             except CgroupError as err:  # the orphan sweep tries again
                 log.warning("Removing the cgroups of pod %s (%s) failed: %s", name, self.uid, err)
         ctx.store.remove(self.uid)
+        self.published = None
         if ctx.recorder is not None:
-            t = trio.current_time()
-            ctx.recorder.add(lambda: TeardownRecord(t=t, uid=self.uid, pod=name))
+            ctx.recorder.teardown(self.uid, name)
         log.info("Pod %s (%s) is gone", name, self.uid)
 
     # -- status -----------------------------------------------------------------------------
@@ -859,55 +793,32 @@ class PodWorker:
         self, pod: Pod, spec_seq: int, runtime: RuntimePodStatus, now: float,
         errors: dict[str, tuple[str, str]],
     ) -> None:
-        ctx = self._ctx
-        status = compute_pod_status(
-            pod,
-            runtime,
-            now=now,
-            previous=self._status,
-            sync_errors=errors,
-            readiness=ctx.probe_results.of(self.uid, ProbeType.READINESS),
-            startup=ctx.probe_results.of(self.uid, ProbeType.STARTUP),
-            host_ip=ctx.node_ip,
-            runtime_name=ctx.runtime_name,
-        )
-        self._set_status(pod, status, runtime, lambda: self._status_fields(
+        self._set_status(pod, runtime, self._status_inputs(
             "sync", spec_seq, runtime, now=now, errors=errors))
 
-    def _status_fields(
-        self, decided: str, spec_seq: int, runtime: RuntimePodStatus | None = None, *,
-        now: float = 0.0, errors: Mapping[str, tuple[str, str]] = MappingProxyType({}),
-        terminal: bool = False, reason: str = "", message: str = "",
-    ) -> dict[str, Any]:
-        """A status decision's inputs as its record holds them (read before the status is
-        set: ``prior`` is whether one was published before)."""
+    def _status_inputs(
+        self, decided: Literal["sync", "rejected", "evicted"], spec_seq: int,
+        runtime: RuntimePodStatus | None, **rest: Any,
+    ) -> StatusInputs:
+        """What the pod's status is decided from now: ``runtime`` and ``rest``, the probe
+        results, the node's facts, and the status published last."""
         ctx = self._ctx
-        return {
-            "decided": decided, "spec_seq": spec_seq, "now": now,
-            "observed": observed_to_json(runtime) if runtime is not None else {},
-            "prior": self._status is not None, "errors": dict(errors),
-            "readiness": probe_results_to_json(ctx.probe_results.of(self.uid, ProbeType.READINESS)),
-            "startup": probe_results_to_json(ctx.probe_results.of(self.uid, ProbeType.STARTUP)),
-            "host_ip": ctx.node_ip, "runtime_name": ctx.runtime_name, "terminal": terminal,
-            "reason": reason, "message": message,
-        }
+        return StatusInputs(
+            decided, spec_seq, runtime, self._status,
+            readiness=ctx.probe_results.of(self.uid, ProbeType.READINESS),
+            startup=ctx.probe_results.of(self.uid, ProbeType.STARTUP),
+            host_ip=ctx.node_ip, runtime_name=ctx.runtime_name, **rest,
+        )
 
-    def _set_status(
-        self, pod: Pod, status: PodStatus, runtime: RuntimePodStatus,
-        inputs: Callable[[], dict[str, Any]],
-    ) -> None:
-        """Publish ``status``; a changed one is recorded with ``inputs()`` (how it was decided)."""
+    def _set_status(self, pod: Pod, runtime: RuntimePodStatus, inputs: StatusInputs) -> None:
+        """Decide the pod's status from ``inputs`` (recorded when it changed) and publish it."""
         ctx = self._ctx
-        if ctx.recorder is not None and status != self._status:
-            t, name, wire, fields = trio.current_time(), pod.full_name, status.to_api(), inputs()
-            ctx.recorder.add(
-                lambda: StatusRecord(t=t, uid=self.uid, pod=name, status=wire, **fields)
-            )
-        self._status = status
+        self._status = PodStatusDecision.publish(ctx.recorder, self.uid, pod, inputs)
+        self.published = pod
         stopped = not any(
             c.state is ContainerState.RUNNING for c in runtime.containers
         ) and not any(s.state is SandboxState.READY for s in runtime.sandboxes)
-        ctx.store.set(pod, status, stopped=stopped)
+        ctx.store.set(pod, self._status, stopped=stopped)
         ctx.on_status(self.uid)
 
 

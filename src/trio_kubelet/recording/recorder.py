@@ -21,7 +21,13 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message as ProtobufMessage
 from pydantic import BaseModel
 
-from trio_kubelet.recording.records import CRIRecord, Header, SnapshotRecord
+from trio_kubelet.recording.records import (
+    CRIRecord,
+    EventRecord,
+    Header,
+    SnapshotRecord,
+    TeardownRecord,
+)
 
 log = logging.getLogger("trio_kubelet.recorder")
 
@@ -74,16 +80,21 @@ class Recorder:
         self._queue: list[Thunk] = []
         self._file: TextIO | None = None
         self._written = 0
-        self.seq = 0
 
     def add(self, make: Thunk) -> None:
         """Queue a record; ``make`` runs later, in the flusher, so it must capture final values."""
         self._queue.append(make)
 
-    def next_seq(self) -> int:
-        seq = self.seq
-        self.seq += 1
-        return seq
+    def event(self, seq: int, event: BaseModel) -> None:
+        """An event as the sync loop consumed it, numbered ``seq`` (records name specs by it)."""
+        t = trio.current_time()
+        self.add(lambda: EventRecord(t=t, seq=seq, event=event.model_dump(mode="json",
+                                                                       by_alias=True)))
+
+    def teardown(self, uid: str, pod: str) -> None:
+        """A pod's containers, sandboxes and logs are gone (the end of its timeline lanes)."""
+        t = trio.current_time()
+        self.add(lambda: TeardownRecord(t=t, uid=uid, pod=pod))
 
     def cri_observer(self, method: str, request: Any, outcome: Any, duration: float) -> None:
         """The CRI client's observer: every call except the PLEG's unfiltered relists.
@@ -94,28 +105,19 @@ class Recorder:
         if method in ("ListContainers", "ListPodSandbox") and not getattr(request, "filter", None):
             return
         t = trio.current_time()
-        if isinstance(outcome, Exception):
-            code = getattr(outcome, "code", None)
-            self.add(
-                lambda: CRIRecord(
-                    t=t,
-                    method=method,
-                    request=_message_json(request) or {},
-                    error=str(outcome),
-                    error_code=getattr(code, "name", None),
-                    duration=duration,
-                )
+        failed = isinstance(outcome, Exception)
+        code = getattr(outcome, "code", None) if failed else None
+        self.add(
+            lambda: CRIRecord(
+                t=t,
+                method=method,
+                request=_message_json(request) or {},
+                response=None if failed else _message_json(outcome),
+                error=str(outcome) if failed else None,
+                error_code=getattr(code, "name", None),
+                duration=duration,
             )
-        else:
-            self.add(
-                lambda: CRIRecord(
-                    t=t,
-                    method=method,
-                    request=_message_json(request) or {},
-                    response=_message_json(outcome),
-                    duration=duration,
-                )
-            )
+        )
 
     async def run(
         self,

@@ -219,11 +219,12 @@ class StatusRecord(_Record):
 
     ``decided`` says which pure function decided it: ``sync`` (``compute_pod_status``),
     ``rejected`` (``rejected_status``: admission's ``reason``/``message``) or ``evicted``
-    (``compute_pod_status`` of a terminal pod, then ``evicted_status`` with ``reason`` and
-    ``message``); None in recordings made before status inputs were kept, which replay
-    cannot re-check. ``prior``: the worker had published a status before (the previous one
-    is this pod's last status record). ``errors`` maps a container to the (reason, message)
-    of its last failed start; ``readiness``/``startup`` are probe results by container ID.
+    (``compute_pod_status`` of a terminal pod, then ``evicted_status`` with ``reason``,
+    ``message`` and ``disruption``, False for a pod past its active deadline); None in
+    recordings made before status inputs were kept, which replay cannot re-check.
+    ``prior``: the worker had published a status before (the previous one is this pod's
+    last status record). ``errors`` maps a container to the (reason, message) of its last
+    failed start; ``readiness``/``startup`` are probe results by container ID.
     """
 
     kind: Literal["status"] = "status"
@@ -243,6 +244,7 @@ class StatusRecord(_Record):
     terminal: bool = False
     reason: str = ""
     message: str = ""
+    disruption: bool = True  # absent (True) in recordings made before it was kept
 
 
 class InFlightSpec(BaseModel):

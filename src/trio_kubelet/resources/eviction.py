@@ -13,10 +13,9 @@ looking again, as the Go kubelet does, and then only at a sample taken after tha
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import NoReturn, Protocol
 
@@ -35,14 +34,8 @@ from trio_kubelet.core.eviction import (
     Assessment,
     EvictionState,
     Observation,
-    PodUsage,
-    StorageOverrun,
-    StorageUsage,
     Threshold,
     ThresholdError,
-    Victim,
-    assess,
-    choose_victim,
     dedicated_image_fs,
     has_storage_limits,
     node_reclaim_applies,
@@ -50,7 +43,6 @@ from trio_kubelet.core.eviction import (
     parse_thresholds,
     pod_usage,
     rank_pods,
-    storage_overruns,
     storage_usage,
     thresholds_met,
 )
@@ -59,8 +51,8 @@ from trio_kubelet.events import Event, EvictPod, NodeConditions
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.pod import Pod
+from trio_kubelet.recording.node_decisions import Assess, Evict, StorageEviction
 from trio_kubelet.recording.recorder import Recorder
-from trio_kubelet.recording.records import AssessRecord, EvictionRecord, StorageEvictionRecord
 
 __all__ = ["EvictionConfig", "EvictionManager", "EvictionPods", "NodeReclaimer", "NodeReclaimers"]
 
@@ -236,17 +228,10 @@ class EvictionManager:
         self.rounds += 1
         observations = observe(sample, pods_memory_limit=config.pods_memory_limit)
         now = self._wall_clock()
-        assessment = assess(
-            config.thresholds,
-            observations,
-            self.state,
-            now=now,
-            transition_period=config.transition_period,
+        assessment = Assess.decide(
+            self._recorder, config.thresholds, observations, self.state, now=now,
+            transition_period=config.transition_period, conditions=self.conditions,
         )
-        if self._recorder is not None and (
-            assessment.conditions != self.conditions or assessment.actionable
-        ):
-            self._record_assessment(observations, assessment, now)
         await self._update_conditions(assessment.conditions)
         self.state = assessment.state
         dedicated = dedicated_image_fs(sample)
@@ -280,9 +265,9 @@ class EvictionManager:
         if not pods:
             return ()
         usage = storage_usage(sample, {p.metadata.uid for p in pods})
-        overruns = storage_overruns(pods, usage, dedicated_image_fs=dedicated)
-        if overruns and self._recorder is not None:
-            self._record_overruns(pods, usage, overruns, dedicated=dedicated)
+        overruns = StorageEviction.decide(self._recorder, pods, usage,
+                                          spec_seq=self._pods.spec_seq,
+                                          dedicated_image_fs=dedicated)
         evicted = []
         for overrun in overruns:
             pod, uid = overrun.pod, overrun.pod.metadata.uid
@@ -293,50 +278,6 @@ class EvictionManager:
                 self._metrics.evictions.labels(overrun.limit).inc()
             evicted.append(uid)
         return tuple(evicted)
-
-    def _record_assessment(
-        self, observations: dict[str, Observation], assessment: Assessment, now: float
-    ) -> None:
-        """The round's verdict with its inputs (the state it began with) as an ``AssessRecord``."""
-        assert self._recorder is not None
-        t, state = trio.current_time(), self.state
-        self._recorder.add(
-            lambda: AssessRecord(
-                t=t,
-                now=now,
-                observations=_observation_rows(observations),
-                first_observed=[(th.signal, th.hard, at)
-                                for th, at in state.first_observed.items()],
-                condition_seen=dict(state.condition_seen),
-                met=[(th.signal, th.hard) for th in state.met],
-                last_observations=_observation_rows(state.observations),
-                conditions=list(assessment.conditions),
-                actionable=[(th.signal, th.hard) for th in assessment.actionable],
-            )
-        )
-
-    def _record_overruns(
-        self,
-        pods: list[Pod],
-        usage: dict[str, StorageUsage],
-        overruns: list[StorageOverrun],
-        *,
-        dedicated: bool,
-    ) -> None:
-        """The storage check's inputs and findings as a ``StorageEvictionRecord``."""
-        assert self._recorder is not None
-        t = trio.current_time()
-        candidates = self._candidates(pods)
-        self._recorder.add(
-            lambda: StorageEvictionRecord(
-                t=t,
-                dedicated_image_fs=dedicated,
-                candidates=candidates,
-                usage={uid: dataclasses.asdict(u) for uid, u in usage.items()
-                       if uid in candidates},
-                overruns=[(o.pod.metadata.uid, o.limit, o.message) for o in overruns],
-            )
-        )
 
     async def _update_conditions(self, conditions: tuple[str, ...]) -> None:
         """Keep the conditions for the node status; tell admission (the sync loop) a change."""
@@ -401,16 +342,11 @@ class EvictionManager:
                 for p in rank_pods(threshold.signal, pods, usage, dedicated_image_fs=dedicated)
             ),
         )
-        victim = choose_victim(
-            threshold,
-            assessment.actionable,
-            observations,
-            pods,
-            usage,
-            dedicated_image_fs=dedicated,
+        victim = Evict.decide(
+            self._recorder, assessment.actionable, observations, pods, usage,
+            spec_seq=self._pods.spec_seq, dedicated_image_fs=dedicated,
             max_pod_grace_period=self.config.max_pod_grace_period,
         )
-        self._record(assessment, observations, pods, usage, victim, dedicated=dedicated)
         if victim is None:
             log.info("Eviction manager: unable to evict any pods from the node")
             return None
@@ -424,40 +360,6 @@ class EvictionManager:
             self._metrics.evictions.labels(threshold.signal).inc()
         return uid
 
-    def _record(
-        self,
-        assessment: Assessment,
-        observations: dict[str, Observation],
-        pods: list[Pod],
-        usage: dict[str, PodUsage],
-        victim: Victim | None,
-        *,
-        dedicated: bool,
-    ) -> None:
-        """The choice's inputs and outcome as an ``EvictionRecord``, when recording."""
-        recorder = self._recorder
-        if recorder is None:
-            return
-        t = trio.current_time()
-        candidates = self._candidates(pods)
-        recorder.add(
-            lambda: EvictionRecord(
-                t=t,
-                actionable=[(th.signal, th.hard) for th in assessment.actionable],
-                observations=_observation_rows(observations),
-                dedicated_image_fs=dedicated,
-                candidates=candidates,
-                usage={uid: dataclasses.asdict(u) for uid, u in usage.items() if uid in candidates},
-                uid=victim.pod.metadata.uid if victim else None,
-                message=victim.message if victim else None,
-                grace=victim.grace if victim else None,
-            )
-        )
-
-    def _candidates(self, pods: list[Pod]) -> dict[str, int]:
-        """Each pod's UID -> the seq of the event that set its spec (how records name pods)."""
-        return {p.metadata.uid: self._pods.spec_seq(p.metadata.uid) for p in pods}
-
     async def _wait_for_cleanup(self, uids: tuple[str, ...]) -> None:
         """Until the evicted pods have nothing running, at most 30 s (Go's podCleanupTimeout)."""
         await trio.lowlevel.checkpoint()  # never a round after round without yielding
@@ -469,10 +371,3 @@ class EvictionManager:
             log.warning("Eviction manager: evicted pods %s have not all stopped after %.0fs",
                         ", ".join(uids), POD_CLEANUP_TIMEOUT)
         self._settled_at = self._wall_clock()
-
-
-def _observation_rows(
-    observations: Mapping[str, Observation],
-) -> dict[str, tuple[int, int, float]]:
-    """Observations as records hold them: signal -> [available, capacity, time]."""
-    return {signal: (o.available, o.capacity, o.time) for signal, o in observations.items()}

@@ -141,6 +141,18 @@ def _container(c: upb.Container, labels: Mapping[str, str]) -> RuntimeContainer:
     )
 
 
+def _labelled_pod(pods: dict[str, _Pod], labels: Mapping[str, str]) -> _Pod | None:
+    """The pod an object's labels name (added to ``pods`` the first time); None without our
+    pod-UID label."""
+    uid = labels.get(POD_UID)
+    if uid is None:
+        return None
+    pod = pods.get(uid)
+    if pod is None:
+        pod = pods[uid] = _Pod(labels.get(POD_NAME, ""), labels.get(POD_NAMESPACE, ""))
+    return pod
+
+
 def group_by_pod(sandboxes: Iterable[upb.PodSandbox],
                  containers: Iterable[upb.Container]) -> dict[str, RuntimePodStatus]:
     """Group listed sandboxes and containers by our pod-UID label, newest first.
@@ -148,25 +160,13 @@ def group_by_pod(sandboxes: Iterable[upb.PodSandbox],
     Objects without the label were not made by a kubelet and are ignored.
     """
     pods: dict[str, _Pod] = {}
-    uid_key = POD_UID
     for s in sandboxes:
-        labels = s.labels
-        uid = labels.get(uid_key)
-        if uid is None:
-            continue
-        pod = pods.get(uid)
-        if pod is None:
-            pod = pods[uid] = _Pod(labels.get(POD_NAME, ""), labels.get(POD_NAMESPACE, ""))
-        pod.sandboxes.append(_sandbox(s))
+        if (pod := _labelled_pod(pods, s.labels)) is not None:
+            pod.sandboxes.append(_sandbox(s))
     for c in containers:
         labels = c.labels
-        uid = labels.get(uid_key)
-        if uid is None:
-            continue
-        pod = pods.get(uid)
-        if pod is None:
-            pod = pods[uid] = _Pod(labels.get(POD_NAME, ""), labels.get(POD_NAMESPACE, ""))
-        pod.containers.append(_container(c, labels))
+        if (pod := _labelled_pod(pods, labels)) is not None:
+            pod.containers.append(_container(c, labels))
     result: dict[str, RuntimePodStatus] = {}
     for uid, pod in pods.items():
         pod.sandboxes.sort(key=_NEWEST_FIRST, reverse=True)
