@@ -49,6 +49,7 @@ from trio_kubelet.certificate.keys import (
     split_pem,
 )
 from trio_kubelet.certificate.rotation import (
+    RotatedCertificate,
     WallClock,
     rotate_forever,
     until_obtained,
@@ -150,7 +151,7 @@ def _unexpired_pair(connection: Connection | None, now: datetime.datetime) -> Ke
     return pair
 
 
-class ClientCertificateManager:
+class ClientCertificateManager(RotatedCertificate):
     """Bootstraps the client certificate if there is none, then (rotateCertificates) renews it;
     each new one goes to the store and into the API client for new connections."""
 
@@ -163,13 +164,9 @@ class ClientCertificateManager:
         clock: WallClock,
         rng: random.Random | None = None,
     ) -> None:
-        self.options = options
-        self.api = api
+        super().__init__(options, api, CLIENT_PAIR, clock=clock, rng=rng)
         self.current = credentials.current
         self.bootstrap = credentials.bootstrap
-        self.clock = clock
-        self.rng = rng or random.Random()
-        self.store = CertificateStore(CLIENT_PAIR, options.certificate_dir)
         self.template = client_template(options.node_name)
         self.ready = trio.Event()  # set once a client certificate (or the kubeconfig) is in use
         if self.current is not None or self.bootstrap is None:
@@ -237,9 +234,7 @@ class ClientCertificateManager:
     async def _renew(self) -> KeyPair:
         """One renewal: a new key, a CSR sent as the node itself (or with the bootstrap
         credentials once the certificate has expired)."""
-        key_pem = new_private_key()
-        key = load_private_key(key_pem)
-        now = wall_time(self.clock)
+        key_pem, key, now = self._new_key()
         usages = client_usages(rsa_key=is_rsa(key))
         if self.current is not None and unexpired(self.current.facts, now):
             certificate = await obtain_certificate(

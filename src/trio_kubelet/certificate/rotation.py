@@ -15,10 +15,18 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from trio_kubelet.apiserver.client import APIClient
 from trio_kubelet.apiserver.errors import APIError
 from trio_kubelet.certificate.csr import CertificateRequestError
-from trio_kubelet.certificate.keys import KeyPair, PEMError
-from trio_kubelet.certificate.store import StoreError
+from trio_kubelet.certificate.keys import (
+    KeyPair,
+    PEMError,
+    PrivateKey,
+    load_private_key,
+    new_private_key,
+)
+from trio_kubelet.certificate.store import CertificateStore, StoreError
+from trio_kubelet.config import AgentOptions
 from trio_kubelet.core.certificates import CertificateTemplate, retry_delay, rotation_deadline
 
 log = logging.getLogger(__name__)
@@ -32,6 +40,32 @@ WallClock = Callable[[], float]  # epoch seconds
 
 def wall_time(clock: WallClock) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(clock(), datetime.UTC)
+
+
+class RotatedCertificate:
+    """What the client and the serving certificate managers share: the agent's options, the API
+    client their CSRs go through, the store of ``pair`` under --cert-dir, and the clock and
+    randomness (jitter, retry) rotation runs on."""
+
+    def __init__(
+        self,
+        options: AgentOptions,
+        api: APIClient,
+        pair: str,
+        *,
+        clock: WallClock,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.options = options
+        self.api = api
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.store = CertificateStore(pair, options.certificate_dir)
+
+    def _new_key(self) -> tuple[bytes, PrivateKey, datetime.datetime]:
+        """A fresh private key for a renewal (PEM and loaded) and the time it is asked at."""
+        key_pem = new_private_key()
+        return key_pem, load_private_key(key_pem), wall_time(self.clock)
 
 
 async def until_obtained(

@@ -25,11 +25,13 @@ from trio_kubelet.certificate.keys import (
     PEMError,
     is_rsa,
     key_pair,
-    load_private_key,
-    new_private_key,
 )
-from trio_kubelet.certificate.rotation import WallClock, rotate_forever, wall_time
-from trio_kubelet.certificate.store import CertificateStore
+from trio_kubelet.certificate.rotation import (
+    RotatedCertificate,
+    WallClock,
+    rotate_forever,
+    wall_time,
+)
 from trio_kubelet.config import AgentOptions
 from trio_kubelet.core.certificates import (
     SERVING_SIGNER,
@@ -62,7 +64,7 @@ def node_addresses(options: AgentOptions) -> list[tuple[str, str]]:
     return [*(("InternalIP", ip) for ip in ips), ("Hostname", options.node_name)]
 
 
-class ServingCertificateManager:
+class ServingCertificateManager(RotatedCertificate):
     """Keeps ``context`` (what 10250 serves) on a cluster-issued certificate."""
 
     def __init__(
@@ -74,12 +76,8 @@ class ServingCertificateManager:
         clock: WallClock,
         rng: random.Random | None = None,
     ) -> None:
-        self.options = options
-        self.api = api
+        super().__init__(options, api, SERVING_PAIR, clock=clock, rng=rng)
         self.addresses = addresses
-        self.clock = clock
-        self.rng = rng or random.Random()
-        self.store = CertificateStore(SERVING_PAIR, options.certificate_dir)
         self.client_ca = options.config.authentication.x509.client_ca_file or None
         self.current, initial = self._initial()
         self.context = ServingContext(initial)
@@ -124,9 +122,7 @@ class ServingCertificateManager:
 
     async def _renew(self, template: CertificateTemplate) -> KeyPair:
         """One renewal: a new key, a CSR sent as the node, the issued pair stored and served."""
-        key_pem = new_private_key()
-        key = load_private_key(key_pem)
-        now = wall_time(self.clock)
+        key_pem, key, now = self._new_key()
         certificate = await obtain_certificate(
             self.api, key, template, signer=SERVING_SIGNER,
             usages=serving_usages(rsa_key=is_rsa(key)), now=now,

@@ -377,6 +377,22 @@ def _names(names: Sequence[str]) -> str:
     return "[" + " ".join(names) + "]"
 
 
+def _containers_condition(
+    kind: str, reason: str, unknown: Sequence[str], failing: tuple[str, Sequence[str]]
+) -> PodCondition:
+    """True when no container is unknown or failing the check; else False with Go's message
+    (``containers with unknown status: [a], containers with <what> status: [b]``)."""
+    what, names = failing
+    messages = []
+    if unknown:
+        messages.append(f"containers with unknown status: {_names(unknown)}")
+    if names:
+        messages.append(f"containers with {what} status: {_names(names)}")
+    if messages:
+        return PodCondition(type=kind, status="False", reason=reason, message=", ".join(messages))
+    return PodCondition(type=kind, status="True")
+
+
 def _initialized_condition(
     pod: Pod, statuses: Mapping[str, ContainerStatus], phase: PodPhase
 ) -> PodCondition:
@@ -394,15 +410,9 @@ def _initialized_condition(
         return PodCondition(type="Initialized", status="True", reason="PodCompleted")
     if has_any_regular_container_started(pod, statuses):
         return PodCondition(type="Initialized", status="True")
-    messages = []
-    if unknown:
-        messages.append(f"containers with unknown status: {_names(unknown)}")
-    if incomplete:
-        messages.append(f"containers with incomplete status: {_names(incomplete)}")
-    if messages:
-        return PodCondition(type="Initialized", status="False",
-                            reason="ContainersNotInitialized", message=", ".join(messages))
-    return PodCondition(type="Initialized", status="True")
+    return _containers_condition(
+        "Initialized", "ContainersNotInitialized", unknown, ("incomplete", incomplete)
+    )
 
 
 def _containers_ready_condition(
@@ -419,15 +429,9 @@ def _containers_ready_condition(
             unready.append(container.name)
     if phase == "Succeeded" and not unknown:
         return PodCondition(type="ContainersReady", status="False", reason="PodCompleted")
-    messages = []
-    if unknown:
-        messages.append(f"containers with unknown status: {_names(unknown)}")
-    if unready:
-        messages.append(f"containers with unready status: {_names(unready)}")
-    if messages:
-        return PodCondition(type="ContainersReady", status="False",
-                            reason="ContainersNotReady", message=", ".join(messages))
-    return PodCondition(type="ContainersReady", status="True")
+    return _containers_condition(
+        "ContainersReady", "ContainersNotReady", unknown, ("unready", unready)
+    )
 
 
 def _ready_condition(

@@ -105,16 +105,7 @@ def generate_self_signed(host: str, ips: Sequence[str] = (), *,
     ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     ca_name = _name(f"{host}-ca@{stamp}")
     ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name).issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before).not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(
-            digital_signature=True, key_encipherment=True, key_cert_sign=True,
-            content_commitment=False, data_encipherment=False, key_agreement=False,
-            crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+        _builder(ca_name, ca_name, ca_key, not_before, not_after, ca=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
                        critical=False)
         .sign(ca_key, hashes.SHA256())
@@ -122,16 +113,7 @@ def generate_self_signed(host: str, ips: Sequence[str] = (), *,
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(f"{host}@{stamp}")).issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before).not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(
-            digital_signature=True, key_encipherment=True, key_cert_sign=False,
-            content_commitment=False, data_encipherment=False, key_agreement=False,
-            crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+        _builder(_name(f"{host}@{stamp}"), ca_name, key, not_before, not_after, ca=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.SubjectAlternativeName(_subject_alt_names(host, ips)),
                        critical=False)
@@ -147,6 +129,31 @@ def generate_self_signed(host: str, ips: Sequence[str] = (), *,
                                 serialization.PrivateFormat.TraditionalOpenSSL,
                                 serialization.NoEncryption())
     return chain, key_pem
+
+
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: rsa.RSAPrivateKey,
+    not_before: datetime.datetime,
+    not_after: datetime.datetime,
+    *,
+    ca: bool,
+) -> x509.CertificateBuilder:
+    """A certificate for ``key`` with the constraints and key usages Go's self-signed pair
+    has: a CA may sign certificates, the serving certificate may not."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject).issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before).not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(
+            digital_signature=True, key_encipherment=True, key_cert_sign=ca,
+            content_commitment=False, data_encipherment=False, key_agreement=False,
+            crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+    )
 
 
 def _usable(cert_file: Path, key_file: Path, now: datetime.datetime) -> bool:

@@ -300,37 +300,30 @@ def _projected(
     default_mode: int,
 ) -> Payload:
     """Every source's files in one volume; all failing sources are reported together."""
+    namespace = pod.metadata.namespace
+
+    def projection_payload(projection: Mapping[str, Any]) -> Payload:
+        if (part := projection.get("configMap")) is not None:
+            return _object_payload("ConfigMap", part, "name", namespace, lookup, default_mode)
+        if (part := projection.get("secret")) is not None:
+            return _object_payload("Secret", part, "name", namespace, lookup, default_mode)
+        if (part := projection.get("downwardAPI")) is not None:
+            return _downward_api(part.get("items") or [], pod, node_allocatable, default_mode)
+        if (part := projection.get("serviceAccountToken")) is not None:
+            return _token(part, pod, token, default_mode)
+        kinds = ", ".join(sorted(projection)) or "nothing"
+        raise _Failed(f"unsupported projected volume source: {kinds}")
+
     payload: Payload = {}
     errors: list[str] = []
     for projection in source.get("sources") or []:
         try:
-            payload |= _projection(projection, pod, lookup, node_allocatable, token, default_mode)
+            payload |= projection_payload(projection)
         except _Failed as err:
             errors.append(str(err))
     if errors:
         raise _Failed(_aggregate(errors))
     return payload
-
-
-def _projection(
-    projection: Mapping[str, Any],
-    pod: Pod,
-    lookup: ObjectLookup,
-    node_allocatable: Mapping[str, Fraction],
-    token: str | None,
-    default_mode: int,
-) -> Payload:
-    namespace = pod.metadata.namespace
-    if (part := projection.get("configMap")) is not None:
-        return _object_payload("ConfigMap", part, "name", namespace, lookup, default_mode)
-    if (part := projection.get("secret")) is not None:
-        return _object_payload("Secret", part, "name", namespace, lookup, default_mode)
-    if (part := projection.get("downwardAPI")) is not None:
-        return _downward_api(part.get("items") or [], pod, node_allocatable, default_mode)
-    if (part := projection.get("serviceAccountToken")) is not None:
-        return _token(part, pod, token, default_mode)
-    kinds = ", ".join(sorted(projection)) or "nothing"
-    raise _Failed(f"unsupported projected volume source: {kinds}")
 
 
 def _token(source: Mapping[str, Any], pod: Pod, token: str | None, default_mode: int) -> Payload:
