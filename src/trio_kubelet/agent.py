@@ -116,8 +116,9 @@ class AgentHost:
     ``open_runtime``/``open_api`` (None: `open_cri_client`, `open_api_client`) open the CRI
     and API-server clients; ``machine`` is the Node's machine (None: read the host);
     ``host_resources`` False leaves the host alone: no QoS cgroups, no OOM watcher, no
-    cgroup/filesystem sampling, eviction or image GC, no pod volumes on disk; ``serve`` runs the
-    kubelet's HTTP servers; ``signals`` handles SIGINT/SIGTERM (else the caller cancels).
+    cgroup/filesystem sampling, eviction or image GC, no pod volumes on disk, no
+    systemd-logind; ``serve`` runs the kubelet's HTTP servers; ``signals`` handles
+    SIGINT/SIGTERM (else the caller cancels).
     """
 
     open_runtime: RuntimeOpener | None = None
