@@ -53,9 +53,11 @@ BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Config
 
 @dataclass
 class Logind:
-    """The bus (``address``), logind on it (``pid``) and the directory it reads drop-ins from."""
+    """The bus (``address``, served by ``bus_pid``), logind on it (``pid``) and the directory
+    logind reads drop-ins from."""
 
     address: str
+    bus_pid: int
     pid: int
     conf_dir: Path
     env: dict[str, str] = field(repr=False)
@@ -136,7 +138,7 @@ def running_logind(root: Path, logind_conf: str = "") -> Iterator[Logind]:
                   f"&& exec {LOGIND_BIN}")
         logind = subprocess.Popen(["unshare", "--mount", "sh", "-c", script], env=env,
                                   stdout=logind_log.open("wb"), stderr=subprocess.STDOUT)
-        running = Logind(address, logind.pid, etc / "logind.conf.d", env)
+        running = Logind(address, bus.pid, logind.pid, etc / "logind.conf.d", env)
         _wait_for(running.inhibit_delay_usec, "systemd-logind", logind, logind_log)
         yield running
     finally:

@@ -21,7 +21,7 @@ import trio
 from tests.logind_fixture import Logind, SystemdStandIn, running_logind
 from tests.unit.test_core_shutdown import FakeNode, pod
 from trio_kubelet.config import KubeletConfiguration
-from trio_kubelet.node.logind import open_logind
+from trio_kubelet.node.logind import LogindError, open_logind
 from trio_kubelet.node.shutdown import NodeShutdownManager
 
 GRACE, CRITICAL = 6, 2  # above logind's default 5 s
@@ -129,3 +129,17 @@ async def test_without_logind_on_the_bus_the_reason_is_logged_once(
         "Failed to start node shutdown manager: failed reading InhibitDelayMaxUSec property "
         "from logind: org.freedesktop.DBus.Error.ServiceUnknown: "
     ), error
+
+
+async def test_a_bus_that_goes_away_ends_the_connection_with_a_logind_error(
+    logind: Logind,
+) -> None:
+    with pytest.raises(LogindError, match=r"^the system bus connection ended: "):
+        async with open_logind(logind.address, logind.conf_dir) as bus:
+            fd = await bus.inhibit_shutdown()
+            assert not os.get_inheritable(fd)  # no child of the agent keeps the lock
+            os.close(fd)
+            signals = await bus.prepare_for_shutdown()
+            os.kill(logind.bus_pid, signal.SIGTERM)
+            async for _ in signals:
+                pass

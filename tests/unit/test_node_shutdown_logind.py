@@ -69,10 +69,9 @@ class FakeLogind:
         self.overrides.append(seconds)
         return f"/etc/systemd/logind.conf.d/99-kubelet.conf ({seconds}s)"
 
-    @asynccontextmanager
-    async def prepare_for_shutdown(self) -> AsyncIterator[trio.MemoryReceiveChannel[BusSignal]]:
+    async def prepare_for_shutdown(self) -> trio.MemoryReceiveChannel[BusSignal]:
         self.send, receive = trio.open_memory_channel[BusSignal](16)
-        yield receive
+        return receive
 
     async def signal(self, *body: object) -> None:
         assert self.send is not None

@@ -119,15 +119,14 @@ class LogindBus:
             ) from err
         return path
 
-    @asynccontextmanager
-    async def prepare_for_shutdown(self) -> AsyncIterator[trio.MemoryReceiveChannel[Message]]:
-        """PrepareForShutdown signals from now on, as they come (the channel ends with the
-        connection)."""
-        async with self.router.filter(PREPARE_FOR_SHUTDOWN, bufsize=SIGNAL_QUEUE) as signals:
-            await self._call(
-                "failed to monitor shutdown", message_bus.AddMatch(PREPARE_FOR_SHUTDOWN)
-            )
-            yield signals
+    async def prepare_for_shutdown(self) -> trio.MemoryReceiveChannel[Message]:
+        """PrepareForShutdown signals from now on, as they come; the channel ends with the
+        connection. (The filter is never removed: jeepney's router closes its filters' channels
+        as the connection ends, and one removed meanwhile breaks that loop.)"""
+        signals_in, signals = trio.open_memory_channel[Message](SIGNAL_QUEUE)
+        self.router.filter(PREPARE_FOR_SHUTDOWN, channel=signals_in)
+        await self._call("failed to monitor shutdown", message_bus.AddMatch(PREPARE_FOR_SHUTDOWN))
+        return signals
 
 
 def release_inhibit_lock(fd: int) -> None:

@@ -82,7 +82,7 @@ class Inhibitor(Protocol):
 
     async def override_inhibit_delay(self, seconds: int) -> object: ...
 
-    def prepare_for_shutdown(self) -> AbstractAsyncContextManager[AsyncIterator[BusSignal]]: ...
+    async def prepare_for_shutdown(self) -> AsyncIterator[BusSignal]: ...
 
 
 ConnectLogind = Callable[[], AbstractAsyncContextManager[Inhibitor]]
@@ -234,22 +234,14 @@ class NodeShutdownManager:
         async with signals:
             while True:
                 try:
-                    async with connect() as bus, bus.prepare_for_shutdown() as received:
-                        await self._check_inhibit_delay(bus)
-                        await self._take_lock(bus)
-                        self._bus = bus
+                    async with connect() as bus:
+                        received = await self._hold_lock(bus)
                         if not started:
                             log.info("Node shutdown: holding a delay inhibitor lock of "
                                      "systemd-logind; following its PrepareForShutdown")
                             task_status.started()
                             started = True
-                        async for message in received:
-                            value = prepare_for_shutdown(message.body)
-                            if value is None:
-                                log.error("Failed obtaining shutdown event, PrepareForShutdown "
-                                          "did not carry one boolean")
-                            else:
-                                await signals.send(value)
+                        await _forward(received, signals)
                     log.error("Ended watching the node for shutdown events")
                 except LogindError as err:
                     if not started:
@@ -259,6 +251,15 @@ class NodeShutdownManager:
                     self._bus = None
                 await trio.sleep(DBUS_RECONNECT_PERIOD)
                 log.info("Restarting watch for node shutdown events")
+
+    async def _hold_lock(self, bus: Inhibitor) -> AsyncIterator[BusSignal]:
+        """On a new connection: the signals subscribed to first (none is missed), logind's
+        delay raised where it is short, then the lock."""
+        received = await bus.prepare_for_shutdown()
+        await self._check_inhibit_delay(bus)
+        await self._take_lock(bus)
+        self._bus = bus
+        return received
 
     async def _check_inhibit_delay(self, bus: Inhibitor) -> None:
         """Raise logind's InhibitDelayMaxSec to the whole grace period where it is shorter."""
@@ -308,3 +309,16 @@ class NodeShutdownManager:
             await self._take_lock(self._bus)
         except LogindError as err:
             log.error("Node shutdown: failed taking a new inhibitor lock: %s", err)
+
+
+async def _forward(
+    received: AsyncIterator[BusSignal], signals: trio.MemorySendChannel[bool]
+) -> None:
+    """Each PrepareForShutdown's value, until the connection ends; a malformed one is logged."""
+    async for message in received:
+        value = prepare_for_shutdown(message.body)
+        if value is None:
+            log.error("Failed obtaining shutdown event, PrepareForShutdown did not carry one "
+                      "boolean")
+        else:
+            await signals.send(value)
