@@ -98,20 +98,26 @@ async def test_the_lock_is_held_released_after_the_pods_and_taken_again_on_cance
     assert logind.inhibitors() == []  # an agent that stops lets its lock go
 
 
-async def test_without_systemds_manager_a_short_delay_cannot_be_raised(
-    logind: Logind, caplog: pytest.LogCaptureFixture
-) -> None:
+async def refused_start(logind: Logind, caplog: pytest.LogCaptureFixture) -> str:
+    """Start the watch where it cannot start: the one error it logs; no lock, SIGTERM on."""
     shutdown = manager()
     node = FakeNode([], {})
     await shutdown.watch_logind(node, node.stopped, node.send,
                                 connect=partial(open_logind, logind.address, logind.conf_dir))
     assert not shutdown.logind and shutdown.sigterm_shuts_down
-    assert logind.inhibitors() == []
     [error] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    return error
+
+
+async def test_without_systemds_manager_a_short_delay_cannot_be_raised(
+    logind: Logind, caplog: pytest.LogCaptureFixture
+) -> None:
+    error = await refused_start(logind, caplog)
     assert error.startswith(
         "Failed to start node shutdown manager: unable to reload logind conf: "
         "org.freedesktop.DBus.Error.ServiceUnknown: "
     ), error
+    assert logind.inhibitors() == []
 
 
 async def test_without_logind_on_the_bus_the_reason_is_logged_once(
@@ -119,12 +125,7 @@ async def test_without_logind_on_the_bus_the_reason_is_logged_once(
 ) -> None:
     os.kill(logind.pid, signal.SIGTERM)
     await until(lambda: os.waitpid(logind.pid, os.WNOHANG)[0] != 0, "logind stopped")
-    shutdown = manager()
-    node = FakeNode([], {})
-    await shutdown.watch_logind(node, node.stopped, node.send,
-                                connect=partial(open_logind, logind.address, logind.conf_dir))
-    assert not shutdown.logind and shutdown.sigterm_shuts_down
-    [error] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    error = await refused_start(logind, caplog)
     assert error.startswith(
         "Failed to start node shutdown manager: failed reading InhibitDelayMaxUSec property "
         "from logind: org.freedesktop.DBus.Error.ServiceUnknown: "
