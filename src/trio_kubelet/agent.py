@@ -51,7 +51,7 @@ from trio_kubelet.node.registration import (
     configured_allocatable,
     machine_capacity,
 )
-from trio_kubelet.node.shutdown import NodeShutdownManager
+from trio_kubelet.node.shutdown import NodeShutdownManager, ShutdownReports
 from trio_kubelet.probes.manager import ProbeManager
 from trio_kubelet.probes.prober import Prober
 from trio_kubelet.probes.results import ProbeResults
@@ -116,8 +116,9 @@ class AgentHost:
     ``open_runtime``/``open_api`` (None: `open_cri_client`, `open_api_client`) open the CRI
     and API-server clients; ``machine`` is the Node's machine (None: read the host);
     ``host_resources`` False leaves the host alone: no QoS cgroups, no OOM watcher, no
-    cgroup/filesystem sampling, eviction or image GC, no pod volumes on disk; ``serve`` runs the
-    kubelet's HTTP servers; ``signals`` handles SIGINT/SIGTERM (else the caller cancels).
+    cgroup/filesystem sampling, eviction or image GC, no pod volumes on disk, no
+    systemd-logind; ``serve`` runs the kubelet's HTTP servers; ``signals`` handles
+    SIGINT/SIGTERM (else the caller cancels).
     """
 
     open_runtime: RuntimeOpener | None = None
@@ -256,15 +257,16 @@ async def _resync(send: trio.MemorySendChannel[Event], period: float) -> None:
 
 
 async def _stop_on_signal(
-    cancel_scope: trio.CancelScope, node_shutdown: trio.Event | None
+    cancel_scope: trio.CancelScope, node_shutdown: trio.Event, shutdown: NodeShutdownManager
 ) -> None:
-    """SIGINT, or SIGTERM without graceful node shutdown: stop the agent, pods keep running.
-    SIGTERM with it (``node_shutdown``): shut the node down first; a second signal stops now."""
+    """SIGINT, or SIGTERM where it does not shut the node down: stop the agent, pods keep
+    running. SIGTERM where it does (graceful shutdown on, and no logind to say when): set
+    ``node_shutdown`` so the node is shut down first; a second signal stops now."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             name = signal.Signals(signum).name
-            first_term = node_shutdown is not None and not node_shutdown.is_set()
-            if signum == signal.SIGTERM and node_shutdown is not None and first_term:
+            first_term = shutdown.sigterm_shuts_down and not node_shutdown.is_set()
+            if signum == signal.SIGTERM and first_term:
                 log.info("Received %s: graceful node shutdown", name)
                 node_shutdown.set()
                 continue
@@ -275,27 +277,26 @@ async def _stop_on_signal(
 
 async def _shut_down_node(
     requested: trio.Event, shutdown: NodeShutdownManager, deps: Deps, loop: SyncLoop,
-    cancel_scope: trio.CancelScope, *, cluster: bool,
+    cancel_scope: trio.CancelScope,
 ) -> None:
     """Once SIGTERM asked for it: stop the pods as the node shutdown says (and let the
-    ``cluster`` side report), then the agent."""
+    cluster side report), then the agent."""
     await requested.wait()
     async with deps.send.clone() as send:
-        await shutdown.shut_down(loop, deps.store.is_stopped, send.send, await_reports=cluster)
+        await shutdown.shut_down(loop, deps.store.is_stopped, send.send)
     cancel_scope.cancel()
 
 
-async def _report_shutdown(
-    shutdown: NodeShutdownManager, node: NodeManager, statuses: StatusManager
-) -> None:
-    """The cluster side of a node shutdown: the node status at once, and once the pods have
-    stopped their final statuses and the node's."""
-    await shutdown.started.wait()
-    node.sync_soon()
-    await shutdown.pods_stopped.wait()
+async def _watch_logind(shutdown: NodeShutdownManager, deps: Deps, loop: SyncLoop) -> None:
+    """The node's shutdown signal from systemd-logind, where the host has one."""
+    async with deps.send.clone() as send:
+        await shutdown.watch_logind(loop, deps.store.is_stopped, send.send)
+
+
+async def _final_shutdown_reports(node: NodeManager, statuses: StatusManager) -> None:
+    """Once a node shutdown has stopped the pods: their final statuses, then the node's."""
     await statuses.sync_all()
     await node.sync_status()
-    shutdown.reported.set()
 
 
 def pod_sources(options: AgentOptions) -> list[str]:
@@ -556,7 +557,8 @@ async def run_cluster(
     statuses = StatusManager(api, deps.store, pods, mirror_of=mirrors.mirror_of,
                              wall_time=lambda: format_time(deps.clock.now()))
     nursery.start_soon(statuses.run)
-    nursery.start_soon(_report_shutdown, shutdown, node, statuses)
+    shutdown.reports = ShutdownReports(node.sync_soon,
+                                       partial(_final_shutdown_reports, node, statuses))
 
 
 def _static_pods(options: AgentOptions, loop: SyncLoop) -> dict[str, Pod] | None:
@@ -674,7 +676,7 @@ class Startup:
     credentials: trio.Event  # set once the API client's certificate is in use
     serving: ServingCertificateManager | None
     shutdown: NodeShutdownManager
-    node_shutdown: trio.Event | None  # set by SIGTERM when graceful shutdown is on
+    node_shutdown: trio.Event  # set by SIGTERM where it shuts the node down
 
 
 async def run_node(
@@ -690,9 +692,11 @@ async def run_node(
     loop = await run_sync_loop(nursery, deps, ctx, probes, receive)
     if deps.recorder is not None:
         await top.start(deps.recorder.run, loop.snapshot)
-    if start.node_shutdown is not None:
-        nursery.start_soon(partial(_shut_down_node, start.node_shutdown, start.shutdown, deps,
-                                   loop, top.cancel_scope, cluster=start.api is not None))
+    if start.shutdown.enabled:
+        nursery.start_soon(_shut_down_node, start.node_shutdown, start.shutdown, deps, loop,
+                           top.cancel_scope)
+        if deps.host.host_resources:  # a hollow node has no logind of its own
+            nursery.start_soon(_watch_logind, start.shutdown, deps, loop)
     container_gc = await run_container_gc(nursery, deps, loop, qos)
     stats = await run_node_stats(nursery, deps)
     eviction = await run_eviction(nursery, deps, start.eviction, loop, stats,
@@ -742,9 +746,9 @@ async def run_agent(
     send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
     async with trio.open_nursery() as top:
         shutdown = NodeShutdownManager(config, options.node_name, events=events)
-        node_shutdown = trio.Event() if shutdown.enabled else None
+        node_shutdown = trio.Event()
         if host.signals:
-            top.start_soon(_stop_on_signal, top.cancel_scope, node_shutdown)
+            top.start_soon(_stop_on_signal, top.cancel_scope, node_shutdown, shutdown)
         serving = _start_certificates(top, options, api, certificates, credentials, clock)
         # Events wait in the recorder's queue until the API server knows who we are.
         top.start_soon(_once_ready, credentials, events.run)

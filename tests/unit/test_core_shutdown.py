@@ -22,7 +22,7 @@ from trio_kubelet.core.shutdown import (
 )
 from trio_kubelet.events import Event, EvictPod, NodeConditions
 from trio_kubelet.model.pod import Pod
-from trio_kubelet.node.shutdown import NodeShutdownManager
+from trio_kubelet.node.shutdown import NodeShutdownManager, ShutdownReports
 
 
 def pod(name: str, **spec: Any) -> Pod:
@@ -153,18 +153,14 @@ async def test_rounds_stop_regular_pods_then_critical_ones(
     reported: list[float] = []
     notified: list[bool] = []
 
-    async def cluster_side() -> None:
-        await manager.started.wait()
-        notified.append(manager.shutting_down)
-        await manager.pods_stopped.wait()
+    async def pods_stopped() -> None:
         reported.append(trio.current_time())
-        manager.reported.set()
 
+    manager.reports = ShutdownReports(lambda: notified.append(manager.shutting_down),
+                                      pods_stopped)
     assert manager.shutdown_error() is None
     start = trio.current_time()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(cluster_side)
-        await manager.shut_down(node, node.stopped, node.send, await_reports=True)
+    await manager.shut_down(node, node.stopped, node.send)
     kills = {uid: (grace, reason, when - start) for uid, grace, reason, when in node.kills}
     assert kills["web"] == (5, "Terminated", 0) and kills["stuck"] == (20, "Terminated", 0)
     # "stuck" never stops: the critical round starts when the regular one's 20 s are up.

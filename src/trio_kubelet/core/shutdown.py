@@ -30,6 +30,9 @@ NODE_SHUTDOWN = "NodeShutdown"
 NOT_ADMITTED_MESSAGE = "Pod was rejected as the node is shutting down."
 # Why the node is not Ready meanwhile.
 SHUTTING_DOWN_ERROR = "node is shutting down"
+# The node's events (reason NodeShutdown) when the shutdown starts and when it is cancelled.
+SHUTDOWN_EVENT_MESSAGE = "Shutdown manager detected shutdown event"
+CANCELLED_EVENT_MESSAGE = "Shutdown manager detected shutdown cancellation"
 
 
 @dataclass(frozen=True, order=True)
