@@ -473,8 +473,10 @@ async def run_node_stats(nursery: trio.Nursery, deps: Deps) -> NodeStats:
         volumes=volumes.latest,
         pods_cgroup=(cgroup_path((KUBEPODS,), config.cgroup_root)
                      if config.cgroups_per_qos else None),
+        qos_root=config.cgroup_root,
     )
-    oom = OOMWatcher(on_counts=sampler.set_oom_counts, wall_clock=deps.clock.now)
+    oom = OOMWatcher(on_counts=sampler.set_oom_counts, wall_clock=deps.clock.now,
+                     qos_root=config.cgroup_root)
     if deps.host.host_resources:
         await nursery.start(oom.run, deps.send.clone())
         await nursery.start(volumes.run)
