@@ -36,10 +36,10 @@ import trio
 
 from trio_kubelet.core.observed import ContainerState, RuntimePodStatus
 from trio_kubelet.events import OOMEvent
+from trio_kubelet.inotify import Inotify
 from trio_kubelet.resources.cgroupfs import (
     CGROUP_ROOT,
     CgroupMode,
-    Inotify,
     detect_mode,
     read_oom_kills,
 )
