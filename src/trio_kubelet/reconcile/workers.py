@@ -764,8 +764,12 @@ class PodWorker:
         name = pod.full_name if pod else f"{runtime.name}_{runtime.namespace}"
         log.info("Tearing down pod %s (%s)", name, self.uid)
         await self._kill_pod(pod, runtime)
+        # RemovePodSandbox removes the sandbox's containers too (CRI); only a container
+        # whose sandbox is not listed needs a RemoveContainer of its own.
+        sandbox_ids = {sandbox.id for sandbox in runtime.sandboxes}
         for container in runtime.containers:
-            await ctx.client.remove_container(container.id)
+            if container.sandbox_id not in sandbox_ids:
+                await ctx.client.remove_container(container.id)
         for sandbox in runtime.sandboxes:
             await ctx.client.remove_pod_sandbox(sandbox.id)
         # By UID alone: the directory may exist without any sandbox to name the pod.
