@@ -20,7 +20,6 @@ and ``os.read``, no text layer).
 from __future__ import annotations
 
 import enum
-import errno
 import os
 import re
 from collections.abc import Collection, Iterable, Mapping

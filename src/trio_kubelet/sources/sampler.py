@@ -213,8 +213,9 @@ class CgroupLocator:
     containerd puts a container with an empty ``cgroup_parent`` at
     ``/k8s.io/<id>``, and one in a pod cgroup (cgroupsPerQOS, cgroupfs driver) at
     ``[/<cgroupRoot>]/kubepods[/<tier>]/pod<uid>/<id>`` (``qos_root``: the kubelet's
-    ``cgroupRoot``): both are a few stat calls, tried each tick until found. The paths are the same on cgroup v1 (below each controller's mount;
-    the memory one is looked at) and v2 (below the one root). Anything else (the
+    ``cgroupRoot``): both are a few stat calls, tried each tick until found. The paths
+    are the same on cgroup v1 (below each controller's mount; the memory one is looked
+    at) and v2 (below the one root). Anything else (the
     systemd driver's ``…/cri-containerd-<id>.scope``) is found by one walk of the
     memory hierarchy (cgroupspy's on v1, the whole tree on v2), at most every
     ``rediscover_after`` seconds per id, since a walk costs tens of milliseconds.
