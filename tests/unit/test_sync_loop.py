@@ -562,6 +562,23 @@ async def test_removed_pod_is_stopped_removed_and_forgotten(
         assert set(node.loop.workers) == {API}
 
 
+async def test_teardown_kills_from_what_the_last_sync_saw_then_looks_again(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
+        await node.send.send(pod_set("file", make_pod("web", WEB)))
+        await node.wait_for(WEB, is_running)
+        [web_main] = containers(runtime.fake, WEB)
+        runtime.fake.set_delay("ListPodSandbox", 4.0)  # slow to answer a look (deadline: 5 s)
+        start = trio.current_time()
+        await node.send.send(pod_set("file"))
+        await wait_until(lambda: bool(runtime.fake.container_calls))
+        assert runtime.fake.container_calls[0][:2] == ("StopContainer", web_main.id)
+        assert trio.current_time() - start < 4.0, "the kill did not wait for a look"
+        await wait_until(lambda: WEB not in node.loop.workers)
+        assert containers(runtime.fake, WEB) == [] and sandboxes(runtime.fake, WEB) == []
+
+
 async def test_a_removed_pod_can_come_back(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
