@@ -517,6 +517,33 @@ async def test_lifecycle_event_wakes_only_its_pod(
         assert len(containers(runtime.fake, WEB)) == 1, "nothing woke the other pod"
 
 
+async def test_news_the_last_sync_saw_wakes_no_sync_but_a_death_does(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
+        await node.send.send(pod_set("file", make_pod("web", WEB)))
+        await node.wait_for(WEB, is_running)
+        [main] = containers(runtime.fake, WEB)
+        [sandbox] = sandboxes(runtime.fake, WEB)
+        before = syncs(runtime.fake)
+        # What a PLEG reports after the sync that started them: nothing new for the worker.
+        for container_id in (sandbox.id, main.id):
+            await node.send.send(PodLifecycleEvent(pod_uid=WEB, type="ContainerStarted",
+                                                   container_id=container_id))
+        await trio.sleep(5)
+        assert syncs(runtime.fake) == before
+        runtime.fake.crash(main.id)
+        await node.send.send(PodLifecycleEvent(pod_uid=WEB, type="ContainerDied",
+                                               container_id=main.id))
+        await node.wait_for(WEB, lambda p: is_running(p, restarts=1))
+        assert syncs(runtime.fake) > before
+        # A started instance it has not seen (started behind its back) is news too.
+        after = syncs(runtime.fake)
+        await node.send.send(PodLifecycleEvent(pod_uid=WEB, type="ContainerStarted",
+                                               container_id="not-seen"))
+        await wait_until(lambda: syncs(runtime.fake) > after)
+
+
 async def test_relist_done_records_the_last_healthy_relist(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
