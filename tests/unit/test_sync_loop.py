@@ -517,14 +517,19 @@ async def test_lifecycle_event_wakes_only_its_pod(
         assert len(containers(runtime.fake, WEB)) == 1, "nothing woke the other pod"
 
 
+async def run_web(runtime: Runtime, node: Agent) -> tuple[v1.PodSandbox, v1.Container]:
+    """The web pod started and running: its sandbox and container."""
+    await node.send.send(pod_set("file", make_pod("web", WEB)))
+    await node.wait_for(WEB, is_running)
+    [sandbox], [main] = sandboxes(runtime.fake, WEB), containers(runtime.fake, WEB)
+    return sandbox, main
+
+
 async def test_news_the_last_sync_saw_wakes_no_sync_but_a_death_does(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
-        await node.send.send(pod_set("file", make_pod("web", WEB)))
-        await node.wait_for(WEB, is_running)
-        [main] = containers(runtime.fake, WEB)
-        [sandbox] = sandboxes(runtime.fake, WEB)
+        sandbox, main = await run_web(runtime, node)
         before = syncs(runtime.fake)
         # What a PLEG reports after the sync that started them: nothing new for the worker.
         for container_id in (sandbox.id, main.id):
@@ -593,9 +598,7 @@ async def test_teardown_kills_from_what_the_last_sync_saw_then_looks_again(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
-        await node.send.send(pod_set("file", make_pod("web", WEB)))
-        await node.wait_for(WEB, is_running)
-        [web_main] = containers(runtime.fake, WEB)
+        _, web_main = await run_web(runtime, node)
         runtime.fake.set_delay("ListPodSandbox", 4.0)  # slow to answer a look (deadline: 5 s)
         start = trio.current_time()
         await node.send.send(pod_set("file"))
