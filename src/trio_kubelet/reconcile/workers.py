@@ -160,7 +160,8 @@ class PodWorker:
     def tell(self, container_id: str, change: str) -> None:
         """PLEG news of one of the pod's containers or sandboxes: a sync, unless the last
         sync saw that already and left nothing to do (a container it started, reported
-        back: at a start of 110 pods on containerd 2.x, one sync in three)."""
+        back: a start of 110 pods on containerd 2.x made 241 syncs, 131 of them after
+        the first, each with its look at the runtime)."""
         self._news.append((container_id, change))
         self._send_wake()
 
