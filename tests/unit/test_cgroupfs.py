@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.cgroupfs_fake import CONTROLLERS, FakeCgroup2fs
+from trio_kubelet.inotify import Inotify
 from trio_kubelet.resources.cgroupfs import (
     CgroupMode,
     CgroupRoots,
-    Inotify,
     detect_mode,
     make_cgroup,
     page_size,

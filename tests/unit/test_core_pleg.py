@@ -20,6 +20,7 @@ from trio_kubelet.core.pleg import (
     PlegState,
     RuntimeEvent,
     RuntimeEventType,
+    accounted_changes,
     lifecycle_events,
     snapshot,
 )
@@ -375,3 +376,16 @@ def test_relists_and_events_in_any_interleaving_tell_each_change_once_in_order(
             assert "ContainerRemoved" in kinds, f"{cid} was told of but its deletion was lost"
         if truth[cid] in ("exited", "deleted") and "ContainerStarted" in kinds:
             assert "ContainerDied" in kinds, f"{cid} was told started, its death was lost"
+
+
+# -- what a sync accounted for -----------------------------------------------------------------
+
+
+def test_a_look_accounts_for_the_starts_and_exits_it_shows() -> None:
+    status = pod("p", {"new": SandboxState.READY, "old": SandboxState.NOTREADY},
+                 {"up": ContainerState.RUNNING, "done": ContainerState.EXITED,
+                  "made": ContainerState.CREATED, "odd": ContainerState.UNKNOWN})
+    assert accounted_changes(status) == {
+        ("new", "ContainerStarted"), ("old", "ContainerStarted"), ("old", "ContainerDied"),
+        ("up", "ContainerStarted"), ("done", "ContainerStarted"), ("done", "ContainerDied"),
+    }, "the exit of a running one, the start of a created one: news"

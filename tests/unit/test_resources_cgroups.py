@@ -175,6 +175,18 @@ async def test_update_qos_follows_the_burstable_requests(fs: FakeCgroupfs) -> No
     assert fs.read("cpu", "kubepods/burstable", "cpu.shares") == "2"
 
 
+async def test_update_qos_writes_only_a_change_but_the_periodic_pass_rewrites(
+    fs: FakeCgroupfs,
+) -> None:
+    cgroups = QOSCgroups(fs.root)
+    await cgroups.start([BURSTABLE])
+    (fs.root / "cpu" / "kubepods" / "burstable" / "cpu.shares").write_text("777")
+    await cgroups.update_qos([BURSTABLE, GUARANTEED])  # the same shares: not written again
+    assert fs.read("cpu", "kubepods/burstable", "cpu.shares") == "777"
+    await cgroups.update_qos([BURSTABLE], rewrite=True)
+    assert fs.read("cpu", "kubepods/burstable", "cpu.shares") == "256"
+
+
 async def test_update_qos_before_start_fails_with_the_path(fs: FakeCgroupfs) -> None:
     with pytest.raises(CgroupError, match="kubepods/burstable"):
         await QOSCgroups(fs.root).update_qos([BURSTABLE])

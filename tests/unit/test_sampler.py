@@ -545,3 +545,14 @@ def test_locator_looks_for_a_new_pod_cgroup_every_tick_without_walking(
     # Within the minute: found by the pod UID's places, no walk (which would find "moved").
     assert locator.locate(pods, now=1.0) == {
         "late": "/kubepods/besteffort/poduid-9/late"}
+
+
+def test_locator_finds_pod_cgroups_below_the_cgroup_root_without_walking(
+    cgroups: FakeCgroups
+) -> None:
+    locator = CgroupLocator(cgroups.root, qos_root="/node-a", rediscover_after=60)
+    assert locator.locate({"early": "uid-1"}, now=0.0) == {}  # walked once: not there yet
+    cgroups.container("early", parent="/node-a/kubepods/besteffort/poduid-1")
+    # Within the minute, so no walk: found only because the places include the root.
+    assert locator.locate({"early": "uid-1"}, now=1.0) == {
+        "early": "/node-a/kubepods/besteffort/poduid-1/early"}

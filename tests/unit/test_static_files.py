@@ -402,6 +402,7 @@ async def start_source(
     path: Path,
     *,
     check_frequency: float = 20.0,
+    poll_interval: float = 1.0,
     log: logging.Logger | None = None,
 ) -> trio.MemoryReceiveChannel[Event]:
     """Start the source (polling every second, config.seen at a fixed wall time)."""
@@ -413,6 +414,7 @@ async def start_source(
             path,
             NODE,
             check_frequency=check_frequency,
+            poll_interval=poll_interval,
             log=log or logging.getLogger("test"),
             wall_clock=lambda: 1_700_000_000.0,
         )
@@ -458,6 +460,38 @@ async def test_a_change_is_picked_up_before_check_frequency(
         (tmp_path / "web.yaml").unlink()
         removed = await receive(updates, within=2.0)
         assert names(removed) == ["default/new-node-1"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_inotify_tells_of_changes_at_once_in_one_update_per_burst(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    write(manifests, "a.yaml", pod_yaml("a"))
+    async with trio.open_nursery() as nursery:
+        # No poll and no full rescan for 1000 s: only inotify can tell of the changes.
+        updates = await start_source(nursery, manifests, check_frequency=1000.0,
+                                     poll_interval=1000.0)
+        await receive(updates)
+        for name in ("b", "c", "d"):
+            write(manifests, f"{name}.yaml", pod_yaml(name))
+        added = await receive(updates, within=1.0)
+        assert names(added) == [f"default/{n}-node-1" for n in "abcd"], "the burst, at once"
+        for name in ("a", "b", "c"):
+            (manifests / f"{name}.yaml").unlink()
+        assert names(await receive(updates, within=1.0)) == ["default/d-node-1"]
+        # The directory replaced by another: its coming is seen, then changes inside it.
+        manifests.rename(tmp_path / "old")
+        assert (await receive(updates, within=1.0)).pods == []
+        (tmp_path / "new").mkdir()
+        write(tmp_path / "new", "e.yaml", pod_yaml("e"))
+        (tmp_path / "new").rename(manifests)
+        assert names(await receive(updates, within=1.0)) == ["default/e-node-1"]
+        write(manifests, "f.yaml", pod_yaml("f"))
+        assert names(await receive(updates, within=1.0)) == ["default/e-node-1", "default/f-node-1"]
+        write(tmp_path / "old", "g.yaml", pod_yaml("g"))
+        assert await nothing_within(updates, 10.0), "the old directory is not watched"
         nursery.cancel_scope.cancel()
 
 

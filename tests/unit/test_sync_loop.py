@@ -517,6 +517,38 @@ async def test_lifecycle_event_wakes_only_its_pod(
         assert len(containers(runtime.fake, WEB)) == 1, "nothing woke the other pod"
 
 
+async def run_web(runtime: Runtime, node: Agent) -> tuple[v1.PodSandbox, v1.Container]:
+    """The web pod started and running: its sandbox and container."""
+    await node.send.send(pod_set("file", make_pod("web", WEB)))
+    await node.wait_for(WEB, is_running)
+    [sandbox], [main] = sandboxes(runtime.fake, WEB), containers(runtime.fake, WEB)
+    return sandbox, main
+
+
+async def test_news_the_last_sync_saw_wakes_no_sync_but_a_death_does(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
+        sandbox, main = await run_web(runtime, node)
+        before = syncs(runtime.fake)
+        # What a PLEG reports after the sync that started them: nothing new for the worker.
+        for container_id in (sandbox.id, main.id):
+            await node.send.send(PodLifecycleEvent(pod_uid=WEB, type="ContainerStarted",
+                                                   container_id=container_id))
+        await trio.sleep(5)
+        assert syncs(runtime.fake) == before
+        runtime.fake.crash(main.id)
+        await node.send.send(PodLifecycleEvent(pod_uid=WEB, type="ContainerDied",
+                                               container_id=main.id))
+        await node.wait_for(WEB, lambda p: is_running(p, restarts=1))
+        assert syncs(runtime.fake) > before
+        # A started instance it has not seen (started behind its back) is news too.
+        after = syncs(runtime.fake)
+        await node.send.send(PodLifecycleEvent(pod_uid=WEB, type="ContainerStarted",
+                                               container_id="not-seen"))
+        await wait_until(lambda: syncs(runtime.fake) > after)
+
+
 async def test_relist_done_records_the_last_healthy_relist(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
@@ -560,6 +592,21 @@ async def test_removed_pod_is_stopped_removed_and_forgotten(
                                                container_id=web_main.id))
         await trio.sleep(1)
         assert set(node.loop.workers) == {API}
+
+
+async def test_teardown_kills_from_what_the_last_sync_saw_then_looks_again(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fake_runtime(tmp_path) as runtime, agent(runtime) as node:
+        _, web_main = await run_web(runtime, node)
+        runtime.fake.set_delay("ListPodSandbox", 4.0)  # slow to answer a look (deadline: 5 s)
+        start = trio.current_time()
+        await node.send.send(pod_set("file"))
+        await wait_until(lambda: bool(runtime.fake.container_calls))
+        assert runtime.fake.container_calls[0][:2] == ("StopContainer", web_main.id)
+        assert trio.current_time() - start < 4.0, "the kill did not wait for a look"
+        await wait_until(lambda: WEB not in node.loop.workers)
+        assert containers(runtime.fake, WEB) == [] and sandboxes(runtime.fake, WEB) == []
 
 
 async def test_a_removed_pod_can_come_back(

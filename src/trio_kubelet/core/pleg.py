@@ -150,3 +150,24 @@ class PlegRecords:
         if len(self.gone) + len(removed) <= REMEMBERED_REMOVALS:
             return PlegRecords(records, self.gone | removed, self.gone_before)
         return PlegRecords(records, frozenset(removed), self.gone)
+
+
+PlegChange = tuple[str, str]  # (container or sandbox id, "ContainerStarted" / "ContainerDied")
+
+
+def accounted_changes(status: RuntimePodStatus) -> frozenset[PlegChange]:
+    """Every PLEG change ``status`` already shows: the start of each container and sandbox
+    in it that ran, and the exit of each that exited. A container only moves from running
+    to exited, so news of one of these tells a worker that looked at ``status`` nothing
+    new (news of anything else does)."""
+    changes: set[PlegChange] = set()
+    for c in status.containers:
+        if c.state in (ContainerState.RUNNING, ContainerState.EXITED):
+            changes.add((c.id, "ContainerStarted"))
+        if c.state is ContainerState.EXITED:
+            changes.add((c.id, "ContainerDied"))
+    for sandbox in status.sandboxes:
+        changes.add((sandbox.id, "ContainerStarted"))
+        if sandbox.state is SandboxState.NOTREADY:
+            changes.add((sandbox.id, "ContainerDied"))
+    return frozenset(changes)

@@ -158,7 +158,7 @@ class SyncLoop:
     def _on_lifecycle(self, event: PodLifecycleEvent) -> None:
         worker = self.workers.get(event.pod_uid)
         if worker is not None:
-            worker.wake()
+            worker.tell(event.container_id, event.type)
         elif event.pod_uid not in self._gone and event.type != "ContainerRemoved":
             self._apply(self.config.runtime_pod_seen(event.pod_uid), -1)
 

@@ -102,6 +102,7 @@ class QOSCgroups:
         self._root_parts = tuple(p for p in cgroup_root.split("/") if p)
         self._kubepods = kubepods
         self._tiers_lock = trio.Lock()
+        self._tiers: dict[QOSClass, CgroupConfig] | None = None  # as last written
 
     def cgroup_parent(self, pod: Pod) -> str:
         """What RunPodSandbox gets as ``cgroup_parent`` for this pod."""
@@ -116,6 +117,7 @@ class QOSCgroups:
         tiers = qos_reserved_config(pods)
         async with self._tiers_lock:
             await trio.to_thread.run_sync(self._start, tiers)
+            self._tiers = tiers
 
     async def run(
         self,
@@ -134,7 +136,7 @@ class QOSCgroups:
         while True:
             await trio.sleep(interval)
             try:
-                await self.update_qos(active_pods())
+                await self.update_qos(active_pods(), rewrite=True)
             except CgroupError as err:
                 log.warning("Updating the QoS cgroups failed: %s", err)
 
@@ -144,14 +146,21 @@ class QOSCgroups:
         config = pod_resource_config(pod, pids_limit=self._pod_pids_limit)
         await trio.to_thread.run_sync(self._ensure_pod, name, config)
 
-    async def update_qos(self, pods: Iterable[Pod]) -> None:
+    async def update_qos(self, pods: Iterable[Pod], *, rewrite: bool = False) -> None:
         """Set the Burstable and BestEffort tiers' cpu shares for the node's active ``pods``.
 
         Call it before `ensure_pod` of a new pod (as Go's syncPod does) and after a pod leaves.
+        Settings equal to those last written are not written again (a BestEffort pod
+        changes nothing: 110 of them starting at once wrote the same shares 110 times,
+        one after the other) unless ``rewrite`` (the periodic pass, which repairs drift).
         """
         tiers = qos_reserved_config(pods)
         async with self._tiers_lock:
+            if tiers == self._tiers and not rewrite:
+                return
+            self._tiers = None  # unknown until written: a failed write is not skipped next time
             await trio.to_thread.run_sync(self._apply_tiers, tiers)
+            self._tiers = tiers
 
     async def remove_pod(self, uid: str) -> None:
         """Remove the pod's cgroups in every hierarchy, once the runtime has stopped its sandbox.

@@ -36,10 +36,10 @@ import trio
 
 from trio_kubelet.core.observed import ContainerState, RuntimePodStatus
 from trio_kubelet.events import OOMEvent
+from trio_kubelet.inotify import Inotify
 from trio_kubelet.resources.cgroupfs import (
     CGROUP_ROOT,
     CgroupMode,
-    Inotify,
     detect_mode,
     read_oom_kills,
 )
@@ -219,7 +219,8 @@ class OOMWatcher:
     ``on_counts`` is called with the new counts after every change (the
     sampler's `set_oom_counts`).
     ``offload=False`` locates cgroups on the event loop instead of a worker
-    thread (for tests on trio's mock clock).
+    thread (for tests on trio's mock clock). ``qos_root`` is the kubelet's
+    ``cgroupRoot``, below which the pod cgroups are looked for.
     """
 
     def __init__(
@@ -231,9 +232,10 @@ class OOMWatcher:
         wall_clock: Callable[[], float] = time.time,
         on_counts: Callable[[Mapping[str, int]], None] | None = None,
         offload: bool = True,
+        qos_root: str = "/",
     ) -> None:
         self._v2 = detect_mode(cgroup_root) is CgroupMode.V2
-        self._locator = CgroupLocator(cgroup_root, cgroup_parent)
+        self._locator = CgroupLocator(cgroup_root, cgroup_parent, qos_root=qos_root)
         self._memory = self._locator.base
         self._kmsg_path = kmsg
         self._wall_clock = wall_clock

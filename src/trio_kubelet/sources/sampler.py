@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import trio
 from cgroupspy.trees import Tree
 
-from trio_kubelet.core.pod_cgroups import POD_PREFIX, QOS_CGROUPS
+from trio_kubelet.core.pod_cgroups import POD_PREFIX, QOS_CGROUPS, cgroup_path
 from trio_kubelet.core.stats import (
     CgroupFigures,
     ContainerReading,
@@ -212,9 +212,10 @@ class CgroupLocator:
 
     containerd puts a container with an empty ``cgroup_parent`` at
     ``/k8s.io/<id>``, and one in a pod cgroup (cgroupsPerQOS, cgroupfs driver) at
-    ``/kubepods[/<tier>]/pod<uid>/<id>``: both are a few stat calls, tried each tick
-    until found. The paths are the same on cgroup v1 (below each controller's mount;
-    the memory one is looked at) and v2 (below the one root). Anything else (the
+    ``[/<cgroupRoot>]/kubepods[/<tier>]/pod<uid>/<id>`` (``qos_root``: the kubelet's
+    ``cgroupRoot``): both are a few stat calls, tried each tick until found. The paths
+    are the same on cgroup v1 (below each controller's mount; the memory one is looked
+    at) and v2 (below the one root). Anything else (the
     systemd driver's ``…/cri-containerd-<id>.scope``) is found by one walk of the
     memory hierarchy (cgroupspy's on v1, the whole tree on v2), at most every
     ``rediscover_after`` seconds per id, since a walk costs tens of milliseconds.
@@ -225,9 +226,11 @@ class CgroupLocator:
         cgroup_root: Path,
         parent: str = DEFAULT_CGROUP_PARENT,
         *,
+        qos_root: str = "/",
         rediscover_after: float = 60.0,
     ) -> None:
         self._root = cgroup_root
+        self._qos_root = qos_root
         self._roots = CgroupRoots.under(cgroup_root)
         self._memory = self._roots.memory
         self._parent = parent.rstrip("/")
@@ -259,7 +262,7 @@ class CgroupLocator:
         """The default parent, then the pod cgroup in each QoS tier."""
         places = [f"{self._parent}/{id}"]
         if uid:
-            places += ["/" + "/".join((*tier, POD_PREFIX + uid, id))
+            places += [cgroup_path((*tier, POD_PREFIX + uid, id), self._qos_root)
                        for tier in QOS_CGROUPS.values()]
         return places
 
@@ -380,7 +383,8 @@ class Sampler:
     runtime reports in ImageFsInfo), ``pod_logs_dir`` where
     container logs go, ``volumes`` the latest pod volume figures (``volume_stats``),
     ``pods_cgroup`` the cgroup all pods are in (``/kubepods`` below the cgroup root,
-    with cgroupsPerQOS; None: none), read as the Go kubelet's "pods" system container.
+    with cgroupsPerQOS; None: none), read as the Go kubelet's "pods" system container;
+    ``qos_root`` the kubelet's ``cgroupRoot``, where the pod cgroups are looked for.
     File reads happen in a worker thread so a tick never
     stalls the servers or the reconciler (``offload=False`` reads inline).
     """
@@ -400,6 +404,7 @@ class Sampler:
         call_timeout: float = 10.0,
         volumes: Callable[[], Mapping[str, tuple[VolumeUsage, ...]]] | None = None,
         pods_cgroup: str | None = None,
+        qos_root: str = "/",
     ) -> None:
         self._roots = CgroupRoots.under(cgroup_root)
         self._pods_cgroup = None if pods_cgroup is None else pods_cgroup.rstrip("/").encode()
@@ -409,7 +414,7 @@ class Sampler:
         self._root_fs = root_fs
         self._image_fs = image_fs
         self._pod_logs = os.fsencode(pod_logs_dir)
-        self._locator = CgroupLocator(cgroup_root, cgroup_parent)
+        self._locator = CgroupLocator(cgroup_root, cgroup_parent, qos_root=qos_root)
         self._wall_clock = wall_clock
         self._cri_stats = cri_stats
         self._offload = offload

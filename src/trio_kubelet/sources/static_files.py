@@ -67,6 +67,7 @@ from pydantic import ValidationError
 from trio_kubelet.config import describe_validation_error
 from trio_kubelet.core.phase import CONFIG_SOURCE_ANNOTATION
 from trio_kubelet.events import Event, ManifestProblem, PodSetUpdate
+from trio_kubelet.inotify import Inotify
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.model.validation import (
     FieldError,
@@ -89,6 +90,15 @@ SOURCE = "file"
 CONFIG_HASH_ANNOTATION = "kubernetes.io/config.hash"
 CONFIG_SEEN_ANNOTATION = "kubernetes.io/config.seen"
 NO_EXECUTE_TOLERATION: Mapping[str, str] = {"operator": "Exists", "effect": "NoExecute"}
+
+# What wakes the source at once (Go's file source watches the same changes with inotify).
+WATCH_MASK = (
+    Inotify.CREATE | Inotify.DELETE | Inotify.MODIFY | Inotify.CLOSE_WRITE | Inotify.ATTRIB
+    | Inotify.MOVED_FROM | Inotify.MOVED_TO | Inotify.DELETE_SELF | Inotify.MOVE_SELF
+)
+# After the first change, how long the source waits for the rest of a burst (a tool writing
+# or removing many manifests at once) so that the burst makes one update, not one per file.
+SETTLE_SECONDS = 0.02
 
 # A manifest up to this size is read and parsed in the trio thread (a few milliseconds at
 # most); a bigger one in a worker thread. See ``run_static_files`` for why not always there.
@@ -735,6 +745,69 @@ async def parse_off_loop(
     return await trio.to_thread.run_sync(read, abandon_on_cancel=True, limiter=limiter)
 
 
+class _DirectoryWatch:
+    """inotify on the manifest directory, or on the directory that holds the path when it
+    is a file or does not exist (so that its coming is seen at once too).
+
+    Without inotify (no instance left: the per-user limit is 128) `wait` just waits out
+    its timeout: the source then polls as before.
+    """
+
+    def __init__(self, path: Path, log: Log) -> None:
+        self._path = path
+        self._inotify: Inotify | None = None
+        try:
+            self._inotify = Inotify()
+        except OSError as err:
+            log.info("cannot watch %s with inotify (%s): polling it every second", path, err)
+        self._wd: int | None = None
+        self._watched: tuple[int, int] | None = None  # (device, inode) of the watched directory
+
+    def refresh(self) -> None:
+        """Watch the directory the path is now (after a scan: it may have appeared or been
+        replaced); a directory already watched keeps its watch."""
+        if self._inotify is None:
+            return
+        directory = self._path if self._path.is_dir() else self._path.parent
+        try:
+            st = os.stat(directory)
+        except OSError:
+            return
+        if (st.st_dev, st.st_ino) == self._watched:
+            return
+        if self._wd is not None:
+            self._inotify.rm_watch(self._wd)
+            self._wd = self._watched = None
+        try:
+            self._wd = self._inotify.add_watch(os.fsencode(directory), WATCH_MASK)
+        except OSError:
+            return
+        self._watched = (st.st_dev, st.st_ino)
+
+    async def wait(self, timeout: float) -> None:
+        """Until something changes in the watched directory (and its burst settles), or
+        ``timeout`` seconds."""
+        with trio.move_on_after(timeout):
+            if self._inotify is None or self._wd is None:
+                await trio.sleep_forever()
+            await trio.lowlevel.wait_readable(self._inotify.fd)
+            self._drain()
+            await trio.sleep(SETTLE_SECONDS)
+            self._drain()
+
+    def _drain(self) -> None:
+        assert self._inotify is not None
+        for wd, mask in self._inotify.read():
+            if wd == self._wd and mask & Inotify.IGNORED:  # the directory went
+                self._wd = self._watched = None
+
+    def close(self) -> None:
+        if self._inotify is not None:
+            trio.lowlevel.notify_closing(self._inotify.fd)
+            self._inotify.close()
+            self._inotify = None
+
+
 async def run_static_files(
     send: trio.MemorySendChannel[Event],
     path: Path,
@@ -749,9 +822,12 @@ async def run_static_files(
     """Send the static pods under ``path`` as ``PodSetUpdate(source="file")`` whenever they change.
 
     The first update is sent at once (empty if the path does not exist yet), then
-    ``task_status.started()`` is called. Every ``poll_interval`` the directory is
-    stat'ed (names, inodes, mtimes, sizes — no reads) and rescanned if that changed;
-    every ``check_frequency`` it is rescanned regardless (``fileCheckFrequency``).
+    ``task_status.started()`` is called. Whenever inotify reports a change in the
+    directory (as Go's file source, which reacts to inotify at once), and at the latest
+    every ``poll_interval``, the directory is stat'ed (names, inodes, mtimes, sizes — no
+    reads) and rescanned if that changed; every ``check_frequency`` it is rescanned
+    regardless (``fileCheckFrequency``). A burst of changes (``SETTLE_SECONDS``) makes
+    one update.
     ``wall_clock`` (epoch seconds, e.g. ``TrioWallClock().now``) only stamps
     ``kubernetes.io/config.seen``; all waiting uses trio's clock.
 
@@ -769,18 +845,24 @@ async def run_static_files(
     """
     files = _StaticPodFiles(path, node_name.lower(), log, wall_clock)
     log.info("watching static pod path %s", path)
-    fingerprint = _fingerprint(path)
-    update = await files.rescan()
-    assert update is not None  # the first scan is always sent: it marks the source as seen
-    await send.send(update)
-    task_status.started()
-    last_scan = trio.current_time()
-    while True:
-        await trio.sleep(min(poll_interval, check_frequency))
-        current = _fingerprint(path)
-        if current == fingerprint and trio.current_time() - last_scan < check_frequency:
-            continue
-        fingerprint, last_scan = current, trio.current_time()
+    watch = _DirectoryWatch(files.path, log)
+    try:
+        watch.refresh()
+        fingerprint = _fingerprint(path)
         update = await files.rescan()
-        if update is not None:
-            await send.send(update)
+        assert update is not None  # the first scan is always sent: it marks the source as seen
+        await send.send(update)
+        task_status.started()
+        last_scan = trio.current_time()
+        while True:
+            await watch.wait(min(poll_interval, check_frequency))
+            watch.refresh()
+            current = _fingerprint(path)
+            if current == fingerprint and trio.current_time() - last_scan < check_frequency:
+                continue
+            fingerprint, last_scan = current, trio.current_time()
+            update = await files.rescan()
+            if update is not None:
+                await send.send(update)
+    finally:
+        watch.close()
