@@ -211,7 +211,7 @@ def kubepods_limits(options: AgentOptions, capacity: dict[str, Amount]) -> dict[
 
 
 async def _start_qos_cgroups(
-    nursery: trio.Nursery, options: AgentOptions, store: PodStatusStore, limits: dict[str, Amount]
+    options: AgentOptions, limits: dict[str, Amount]
 ) -> QOSCgroups | None:
     """The kubepods hierarchy (cgroupsPerQOS); without usable cgroups, pods run without it."""
     config = options.config
@@ -221,7 +221,7 @@ async def _start_qos_cgroups(
     qos = QOSCgroups(cgroup_root=config.cgroup_root, kubepods=kubepods,
                      pod_pids_limit=config.pod_pids_limit)
     try:
-        await nursery.start(qos.run, store.pods)
+        await qos.start()  # no pod is active yet: the sync loop does not exist
     except CgroupError as err:
         log.error("QoS cgroups unavailable, pods get the runtime's default cgroups: %s", err)
         return None
@@ -699,12 +699,14 @@ async def run_node(
     receive: trio.MemoryReceiveChannel[Event],
 ) -> SyncLoop:
     """Every subsystem of a node whose runtime answers, built once, in dependency order."""
-    qos = (await _start_qos_cgroups(nursery, deps.options, deps.store, start.pods_limits)
+    qos = (await _start_qos_cgroups(deps.options, start.pods_limits)
            if deps.host.host_resources else None)
     images = await run_images(nursery, deps)
     probes = await run_probes(nursery, deps)
     ctx = worker_context(deps, runtime, images, probes, qos, start.objects, start.capacity)
     loop = await run_sync_loop(nursery, deps, ctx, probes, receive)
+    if qos is not None:
+        nursery.start_soon(qos.repair, loop.node_pods)
     if deps.recorder is not None:
         await top.start(deps.recorder.run, loop.snapshot)
     if start.shutdown.enabled:

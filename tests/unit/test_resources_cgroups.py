@@ -192,13 +192,13 @@ async def test_update_qos_before_start_fails_with_the_path(fs: FakeCgroupfs) -> 
         await QOSCgroups(fs.root).update_qos([BURSTABLE])
 
 
-async def test_run_starts_then_keeps_the_tiers_in_step(fs: FakeCgroupfs) -> None:
+async def test_repair_keeps_the_tiers_in_step_with_the_active_pods(fs: FakeCgroupfs) -> None:
     active = [GUARANTEED]
     cgroups = QOSCgroups(fs.root)
+    await cgroups.start()
+    assert fs.read("cpu", "kubepods/burstable", "cpu.shares") == "2"
     async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: cgroups.run(
-            lambda: list(active), interval=0.01, task_status=task_status))
-        assert fs.read("cpu", "kubepods/burstable", "cpu.shares") == "2"
+        nursery.start_soon(lambda: cgroups.repair(lambda: list(active), interval=0.01))
         active.append(BURSTABLE)
         with trio.fail_after(5):
             while fs.read("cpu", "kubepods/burstable", "cpu.shares") != "256":

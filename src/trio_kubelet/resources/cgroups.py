@@ -119,20 +119,14 @@ class QOSCgroups:
             await trio.to_thread.run_sync(self._start, tiers)
             self._tiers = tiers
 
-    async def run(
-        self,
-        active_pods: Callable[[], Iterable[Pod]],
-        *,
-        interval: float = _QOS_UPDATE_INTERVAL,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    async def repair(
+        self, active_pods: Callable[[], Iterable[Pod]], *, interval: float = _QOS_UPDATE_INTERVAL
     ) -> None:
-        """`start`, report ready, then re-apply the tiers' settings every ``interval`` seconds.
+        """Re-apply the tiers' settings for ``active_pods()`` every ``interval`` seconds, for ever.
 
         The periodic pass repairs drift (a pod that left without an update, a
         setting changed behind our back), as the Go kubelet's does every minute.
         """
-        await self.start(active_pods())
-        task_status.started()
         while True:
             await trio.sleep(interval)
             try:
