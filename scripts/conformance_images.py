@@ -6,17 +6,18 @@ Usage: conformance_images.py --bin-dir DIR [--cache-dir DIR]
 No registry is reachable here, so each image the specs name (test/utils/image/manifest.go of
 the e2e suite's version) is made locally as an OCI image layout tarball, loadable with
 `ctr -n k8s.io images import`; the paths are printed one per line. BIN_DIR is
-scripts/build-conformance's output (agnhost, nnp, agnhost-localhost.crt/.key). What each holds,
-beside a busybox rootfs (scripts/images.py) standing in for the upstream alpine/Debian base:
+scripts/build-conformance's output (agnhost, nnp, agnhost-localhost.crt/.key, and busybox 1.37.0
+built from upstream's tarball with its default configuration, as the docker library's
+busybox:1.37.0 that upstream's image is FROM). What each holds, beside a rootfs of that busybox
+(scripts/images.py's layout) standing in for the upstream busybox/alpine/Debian base:
 
 - e2e-test-images/busybox:1.37.0-1: busybox alone.
 - e2e-test-images/agnhost:2.63.0 and :2.55: the agnhost built from the suite's module (2.63.0
   under both names; 2.55 differs only in a label, so the two have different image IDs as
   upstream), curl and bash with their shared libraries (specs curl from inside agnhost, probes
-  run /bin/bash), the host's netcat-openbsd as /usr/bin/nc (upstream's nc; busybox's has no -u)
-  with Debian's bash-static as /bin/sh so that PATH finds it (see `bash_as_sh`),
-  the user and group upstream's Dockerfile adds, /uploads, the porter's localhost.crt/.key,
-  entrypoint /agnhost, command `pause`.
+  run /bin/bash), the host's netcat-openbsd as /usr/bin/nc (upstream's nc, ahead of busybox's
+  on PATH: busybox's has no -u), the user and group upstream's Dockerfile adds, /uploads, the
+  porter's localhost.crt/.key, entrypoint /agnhost, command `pause`.
 - e2e-test-images/nonroot:1.5: busybox with USER 1234.
 - e2e-test-images/nonewprivs:1.4: nnp (prints its effective uid) installed set-uid root.
 - e2e-test-images/glibc-dns-testing:2.0.0: the host's (Debian's, glibc) hostname at
@@ -43,7 +44,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from images import (  # the scripts directory is not a package
-    BUSYBOX_BIN,
     DEFAULT_PATH,
     Layer,
     busybox_layer,
@@ -56,7 +56,7 @@ E2E = "registry.k8s.io/e2e-test-images"
 CURL = Path("/usr/bin/curl")
 BASH = Path("/bin/bash")
 HOSTNAME = Path("/bin/hostname")
-BASH_STATIC_PACKAGE = "bash-static"
+BUSYBOX = "busybox-1.37.0"  # scripts/build-conformance's build of upstream's release
 NGINX_PACKAGE = "nginx"  # bookworm's nginx-light is a transitional package depending on it
 NETCAT = Path("/bin/nc.openbsd")  # Debian's netcat-openbsd (scripts/bootstrap installs it)
 ENV = [f"PATH={DEFAULT_PATH}"]
@@ -96,11 +96,14 @@ class Inputs:
         self.bin_dir = bin_dir
         self.cache_dir = cache_dir
 
-    def built(self, name: str) -> bytes:
+    def built_path(self, name: str) -> Path:
         path = self.bin_dir / name
         if not path.exists():
             sys.exit(f"conformance_images.py: {path} missing (run scripts/build-conformance)")
-        return path.read_bytes()
+        return path
+
+    def built(self, name: str) -> bytes:
+        return self.built_path(name).read_bytes()
 
     def deb(self, package: str) -> Path:
         """Debian's PACKAGE file, downloaded into the cache once."""
@@ -159,32 +162,20 @@ def add_dynamic(layer: Layer, binary: Path, at: str) -> None:
             layer.file(name, library.resolve().read_bytes(), 0o755)
 
 
-def base(passwd: bytes = b"", group: bytes = b"") -> Layer:
-    return busybox_layer(BUSYBOX_BIN, passwd, group)
-
-
-def bash_as_sh(inputs: Inputs, layer: Layer) -> None:
-    """Make Debian's bash-static LAYER's /bin/sh (busybox's ash stays /bin/ash).
-
-    Debian's busybox is built as a standalone shell: its ash runs its own applets before
-    anything on PATH, so agnhost's `nc` would be busybox's (no -u) where upstream's alpine
-    image runs netcat-openbsd's. Only agnhost needs this: specs on the busybox image expect
-    ash's own error messages.
-    """
-    layer.members = [member for member in layer.members if member[0].name != "bin/sh"]
-    with tempfile.TemporaryDirectory(prefix="trio-kubelet-bash-") as scratch:
-        bash = inputs.deb_binary(BASH_STATIC_PACKAGE, "./bin/bash-static", Path(scratch))
-        layer.file("bin/sh", bash.read_bytes(), 0o755)
+def base(inputs: Inputs, passwd: bytes = b"", group: bytes = b"") -> Layer:
+    """Upstream's busybox, as in the docker library's image: not Debian's, whose ash drops
+    environment names that are not identifiers (envFrom's `data-1`) and, in busybox-static,
+    runs its own applets ahead of PATH (scripts/build-conformance says more)."""
+    return busybox_layer(inputs.built_path(BUSYBOX), passwd, group)
 
 
 def busybox_image(inputs: Inputs) -> Tarballs:
     config = {"Env": ENV, "Cmd": ["sh"]}
-    return {"busybox": image_layout(base().tar(), config, (f"{E2E}/busybox:1.37.0-1",))}
+    return {"busybox": image_layout(base(inputs).tar(), config, (f"{E2E}/busybox:1.37.0-1",))}
 
 
 def agnhost_layer(inputs: Inputs) -> bytes:
-    layer = base(AGNHOST_PASSWD, AGNHOST_GROUP)
-    bash_as_sh(inputs, layer)
+    layer = base(inputs, AGNHOST_PASSWD, AGNHOST_GROUP)
     layer.file("agnhost", inputs.built("agnhost"), 0o755)
     layer.symlink("agnhost-2", "agnhost")
     layer.dir("uploads")
@@ -193,8 +184,8 @@ def agnhost_layer(inputs: Inputs) -> bytes:
         layer.file(name, inputs.built(f"agnhost-{name}"))
     add_dynamic(layer, CURL, "usr/bin/curl")
     add_dynamic(layer, BASH, "bin/bash")  # probe specs run /bin/bash
-    # Upstream's netcat-openbsd: the node-pod UDP spec runs `nc -w 1 -u`, which this busybox's
-    # nc lacks; ahead of busybox's nc on PATH.
+    # Upstream's netcat-openbsd: the node-pod UDP spec runs `nc -w 1 -u`, which busybox's nc
+    # lacks; ahead of busybox's nc on PATH.
     if not NETCAT.exists():
         sys.exit(f"conformance_images.py: {NETCAT} missing (apt-get install netcat-openbsd)")
     add_dynamic(layer, NETCAT, "usr/bin/nc")
@@ -221,11 +212,11 @@ def agnhost_images(inputs: Inputs) -> Tarballs:
 
 def nonroot_image(inputs: Inputs) -> Tarballs:
     config = {"Env": ENV, "Cmd": ["sh"], "User": "1234"}
-    return {"nonroot": image_layout(base().tar(), config, (f"{E2E}/nonroot:1.5",))}
+    return {"nonroot": image_layout(base(inputs).tar(), config, (f"{E2E}/nonroot:1.5",))}
 
 
 def nonewprivs_image(inputs: Inputs) -> Tarballs:
-    layer = base()
+    layer = base(inputs)
     layer.dir("usr/local/bin")
     layer.file("usr/local/bin/nnp", inputs.built("nnp"), 0o6755)  # Dockerfile: chmod +s
     config = {"Env": ENV, "Cmd": ["nnp"]}
@@ -233,7 +224,7 @@ def nonewprivs_image(inputs: Inputs) -> Tarballs:
 
 
 def glibc_dns_testing_image(inputs: Inputs) -> Tarballs:
-    layer = base()
+    layer = base(inputs)
     add_dynamic(layer, HOSTNAME, "usr/bin/hostname")
     layer.file("etc/nsswitch.conf", b"hosts: files dns\n")
     config = {"Env": ENV, "Cmd": ["sh"]}
@@ -243,7 +234,7 @@ def glibc_dns_testing_image(inputs: Inputs) -> Tarballs:
 
 def nginx_layer(inputs: Inputs, scratch: Path) -> bytes:
     """nginx from the package (ldd reads it from SCRATCH) with its libraries from the host."""
-    layer = base(NGINX_PASSWD, NGINX_GROUP)
+    layer = base(inputs, NGINX_PASSWD, NGINX_GROUP)
     add_dynamic(
         layer, inputs.deb_binary(NGINX_PACKAGE, "./usr/sbin/nginx", scratch), "usr/sbin/nginx"
     )
