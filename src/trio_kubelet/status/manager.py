@@ -136,7 +136,7 @@ class StatusManager:
         await resync_forever(
             self.sync_all,
             what="update pod statuses",
-            changed=(self.store.wait_changed, self.api.wait_changed),
+            changed=(self.store.next_change, self.api.next_change),
             period=SYNC_PERIOD,
         )
 
