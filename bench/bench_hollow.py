@@ -15,8 +15,12 @@ kube-scheduler, kube-controller-manager with every controller), then ``trio-kube
 * API requests per node per minute, from the runner's own summary lines (every 60 s);
 * pods: ``--pods`` bare pods (pause image, no nodeName: kube-scheduler binds them) created at
   ``--rate`` pods/s; startup latency = first seen Running and ready on a pod watch minus the
-  moment its create request returned (the SLO's span: p99 ≤ 5 s), p50/p99/max; the process's
-  CPU while they start, and its RSS at density; then every pod is deleted;
+  moment its create request returned (the SLO's span: p99 ≤ 5 s), p50/p99/max and how many
+  took over 5 s; the scheduler's share (create → first seen bound to a node) and the node's
+  (bound → Running and ready); how fast pods were bound and went Running (per second, over
+  the wave); the CPU of the hollow process and of each control-plane process (etcd,
+  kube-apiserver, kube-scheduler, kube-controller-manager) while they start, as % of a core,
+  and the hollow process's RSS at density; then every pod is deleted;
 * exit: seconds from SIGTERM to the process's exit, and whether every hollow Node is gone.
 
 The machine's load average is reported at start and end (the control plane shares it).
@@ -28,6 +32,8 @@ containerd, no cgroups.
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import json
 import os
 import re
@@ -56,6 +62,8 @@ LATE_FACTOR = 1.25
 SUMMARY = re.compile(r"^I(\d{4} \d\d:\d\d:\d\d\.\d+) .*API requests in the last (\d+)s: (\d+) ",
                      re.M)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
+SLO = 5.0  # seconds: the pod startup SLO's p99
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -141,6 +149,7 @@ class Observed:
         self.renewals: dict[str, float] = {}  # lease -> last renewTime
         self.gaps: list[tuple[float, float]] = []  # (renewTime, seconds since the last one)
         self.running: dict[str, float] = {}  # pod -> first seen Running and ready
+        self.bound: dict[str, float] = {}  # pod -> first seen with a nodeName
 
     def node(self, kind: str, node: dict[str, Any]) -> None:
         name = node["metadata"]["name"]
@@ -168,12 +177,48 @@ class Observed:
             self.renewals[name] = at
 
     def pod(self, kind: str, pod: dict[str, Any]) -> None:
+        if pod.get("spec", {}).get("nodeName"):
+            with self.lock:
+                self.bound.setdefault(pod["metadata"]["name"], time.monotonic())
         status = pod.get("status", {})
         statuses = status.get("containerStatuses") or []
         if (status.get("phase") == "Running" and statuses
                 and all(s.get("ready") for s in statuses)):
             with self.lock:
                 self.running.setdefault(pod["metadata"]["name"], time.monotonic())
+
+
+def control_plane_cpu(cp: Path) -> dict[str, float]:
+    """CPU seconds so far of each control-plane process (from its pid file)."""
+    seconds = {}
+    for name in CONTROL_PLANE:
+        with contextlib.suppress(OSError, ValueError):
+            seconds[name] = cpu_seconds(int((cp / f"{name}.pid").read_text()))
+    return seconds
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, all cores, from /proc/stat."""
+    fields = [int(x) / CLK_TCK for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def cpu_percent(before: dict[str, float], after: dict[str, float],
+                seconds: float) -> dict[str, float]:
+    return {name: round(100 * (after[name] - before[name]) / seconds, 1)
+            for name in after if name in before}
+
+
+def per_second(moments: list[float], start: float) -> dict[str, Any]:
+    """How fast things happened: the mean rate over the span from ``start`` to the last one,
+    and the most in any one second."""
+    if not moments:
+        return {"mean": None, "max_1s": None}
+    span = max(moments) - start
+    buckets = collections.Counter(int(at - start) for at in moments)
+    return {"mean": round(len(moments) / span, 1) if span > 0 else None,
+            "max_1s": max(buckets.values())}
 
 
 def wait(condition: Any, timeout: float, step: float = 0.2) -> bool:
@@ -318,11 +363,17 @@ def main() -> None:
         pods_from = time.time()
         if args.pods:
             cpu0, t0, wall0 = cpu_seconds(pid), time.monotonic(), datetime.now()
+            cp0, machine0 = control_plane_cpu(cp), machine_busy()
             created, failures = create_pods(admin, args.pods, args.rate)
             wait(lambda: all(name in observed.running for name in created), 300, 0.5)
             cpu1, t1, wall1 = cpu_seconds(pid), time.monotonic(), datetime.now()
-            latencies = [observed.running[name] - at for name, at in created.items()
-                         if name in observed.running]
+            cp1, machine1 = control_plane_cpu(cp), machine_busy()
+            with observed.lock:
+                running, bound = dict(observed.running), dict(observed.bound)
+            latencies = [running[name] - at for name, at in created.items() if name in running]
+            scheduled = [bound[name] - at for name, at in created.items() if name in bound]
+            on_node = [running[name] - bound[name] for name in created
+                       if name in running and name in bound]
             per_minute = requests_per_minute(log, wall0, wall1)
             result["pods_phase"] = {
                 "created": len(created), "create_failures": failures,
@@ -330,8 +381,19 @@ def main() -> None:
                 "startup_p50_s": percentile(latencies, 0.5),
                 "startup_p99_s": percentile(latencies, 0.99),
                 "startup_max_s": round(max(latencies), 3) if latencies else None,
+                "startup_over_slo": len([x for x in latencies if x > SLO]),
+                "create_to_bound_p50_s": percentile(scheduled, 0.5),
+                "create_to_bound_p99_s": percentile(scheduled, 0.99),
+                "bound_to_running_p50_s": percentile(on_node, 0.5),
+                "bound_to_running_p99_s": percentile(on_node, 0.99),
+                "bound_per_s": per_second([bound[n] for n in created if n in bound], t0),
+                "running_per_s": per_second([running[n] for n in created if n in running], t0),
                 "seconds": round(t1 - t0, 1),
                 "cpu_percent_of_core_total": round(100 * (cpu1 - cpu0) / (t1 - t0), 2),
+                "control_plane_cpu_percent_of_core": cpu_percent(cp0, cp1, t1 - t0),
+                # the whole machine (every core, everyone's processes), % of all its cores
+                "machine_busy_percent": round(
+                    100 * (machine1[0] - machine0[0]) / (machine1[1] - machine0[1]), 1),
                 "rss_mib_total": round(rss_bytes(pid) / 2**20, 1),
                 "rss_mib_per_node": round(rss_bytes(pid) / 2**20 / args.nodes, 3),
                 "api_requests_per_node_per_minute": (
