@@ -12,10 +12,12 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import httpcore
 import httpx
 import trio
 
 from trio_kubelet import __version__
+from trio_kubelet.apiserver.coalescing import CoalescingBackend
 from trio_kubelet.apiserver.errors import (
     APIError,
     Conflict,
@@ -197,7 +199,18 @@ def _https_transport(connection: Connection) -> httpx.AsyncHTTPTransport:
     # Kept alive as long as client-go keeps an idle connection (not httpx's 5 s, shorter than
     # the 10 s between a node's status and Lease rounds: a TLS handshake for nearly every one).
     limits = httpx.Limits(keepalive_expiry=IDLE_CONNECTION_TIMEOUT)
-    return httpx.AsyncHTTPTransport(verify=connection.ssl_context or True, limits=limits)
+    ssl_context = connection.ssl_context or httpx.create_ssl_context()
+    transport = httpx.AsyncHTTPTransport(verify=ssl_context, limits=limits)
+    # httpx takes no network backend: its pool is replaced by one with the same settings whose
+    # connections send each request's head and body in one write (coalescing.py).
+    transport._pool = httpcore.AsyncConnectionPool(
+        ssl_context=ssl_context,
+        max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=limits.keepalive_expiry,
+        network_backend=CoalescingBackend(),
+    )
+    return transport
 
 
 async def _events(response: httpx.Response) -> AsyncIterator[WatchEvent]:
