@@ -7,9 +7,9 @@ kube-scheduler, kube-controller-manager with every controller), then ``trio-kube
 * nodes Ready: seconds from the process's start until every node is Ready (and the p50/p99 of
   the nodes' own times), from a watch on Nodes;
 * lease renewals: from a watch on the Leases, the gap between consecutive renewTimes of each
-  hollow node's Lease, during start-up (until 15 s after every node is Ready), idle, and while
-  the pods start; a renewal is late when its gap exceeds 1.25 times the
-  renew interval (10 s of the 40 s lease: the Go kubelet renews every 10 s ± 4 %);
+  hollow node's Lease, during start-up (until 15 s after every node is Ready), idle, while
+  the pods start and at rest with them; a renewal is late when its gap exceeds 1.25 times the
+  renew interval (10 s of the 40 s lease: the Go kubelet renews every 10 to 10.4 s);
 * idle cost: the process's CPU (utime+stime from /proc) over ``--idle`` seconds once every node
   is Ready, as % of one core per node, and its RSS per node;
 * API requests per node per minute, from the runner's own summary lines (every 60 s);
@@ -20,7 +20,8 @@ kube-scheduler, kube-controller-manager with every controller), then ``trio-kube
   (bound → Running and ready); how fast pods were bound and went Running (per second, over
   the wave); the CPU of the hollow process and of each control-plane process (etcd,
   kube-apiserver, kube-scheduler, kube-controller-manager) while they start, as % of a core,
-  and the hollow process's RSS at density; then every pod is deleted;
+  and the hollow process's RSS at density; then, with every pod running, its CPU at rest
+  over ``--rest`` seconds (the pods' resyncs and status rounds); then every pod is deleted;
 * exit: seconds from SIGTERM to the process's exit, and whether every hollow Node is gone.
 
 The machine's load average is reported at start and end (the control plane shares it).
@@ -296,6 +297,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0, help="pods created per second")
     parser.add_argument("--idle", type=float, default=130.0,
                         help="seconds of idle measurement once every node is Ready")
+    parser.add_argument("--rest", type=float, default=60.0,
+                        help="seconds of measurement with every pod running, after the wave")
     parser.add_argument("--start-rate", type=float, default=50.0,
                         help="the runner's --start-rate (nodes per second; 0: all at once)")
     parser.add_argument("--control-plane", type=Path, help="reuse a running control plane DIR "
@@ -400,6 +403,22 @@ def main() -> None:
                     round(per_minute / args.nodes, 2) if per_minute is not None else None),
                 "loadavg": load(),
             }
+            # At rest with the pods: what running them costs (resyncs, status rounds, PLEG).
+            time.sleep(5)
+            rest_from = time.time()
+            cpu0, t0, cp0 = cpu_seconds(pid), time.monotonic(), control_plane_cpu(cp)
+            time.sleep(args.rest)
+            cpu1, t1, cp1 = cpu_seconds(pid), time.monotonic(), control_plane_cpu(cp)
+            rest_until = time.time()
+            result["at_rest_with_pods"] = {
+                "seconds": round(t1 - t0, 1),
+                "cpu_percent_of_core_total": round(100 * (cpu1 - cpu0) / (t1 - t0), 2),
+                "cpu_percent_of_core_per_node": round(
+                    100 * (cpu1 - cpu0) / (t1 - t0) / args.nodes, 4),
+                "control_plane_cpu_percent_of_core": cpu_percent(cp0, cp1, t1 - t0),
+                "rss_mib_per_node": round(rss_bytes(pid) / 2**20 / args.nodes, 3),
+                "loadavg": load(),
+            }
             deleted_at = time.monotonic()
             admin.delete(f"/api/v1/namespaces/{NAMESPACE}/pods", timeout=600,
                          params={"labelSelector": "bench=hollow"})
@@ -414,8 +433,11 @@ def main() -> None:
             [gap for at, gap in renewals if at < idle_from])
         result["lease_renewals_idle"] = renewal_figures(
             [gap for at, gap in renewals if idle_from <= at < pods_from])
-        result["lease_renewals_with_pods"] = renewal_figures(
-            [gap for at, gap in renewals if at >= pods_from])
+        if args.pods:
+            result["lease_renewals_with_pods"] = renewal_figures(
+                [gap for at, gap in renewals if pods_from <= at < rest_from])
+            result["lease_renewals_at_rest_with_pods"] = renewal_figures(
+                [gap for at, gap in renewals if rest_from <= at < rest_until])
     finally:
         stopped = time.monotonic()
         runner.send_signal(signal.SIGTERM)
