@@ -7,16 +7,21 @@ kube-scheduler, kube-controller-manager with every controller), then ``trio-kube
 * nodes Ready: seconds from the process's start until every node is Ready (and the p50/p99 of
   the nodes' own times), from a watch on Nodes;
 * lease renewals: from a watch on the Leases, the gap between consecutive renewTimes of each
-  hollow node's Lease, during start-up (until 15 s after every node is Ready), idle, and while
-  the pods start; a renewal is late when its gap exceeds 1.25 times the
-  renew interval (10 s of the 40 s lease: the Go kubelet renews every 10 s ± 4 %);
+  hollow node's Lease, during start-up (until 15 s after every node is Ready), idle, while
+  the pods start and at rest with them; a renewal is late when its gap exceeds 1.25 times the
+  renew interval (10 s of the 40 s lease: the Go kubelet renews every 10 to 10.4 s);
 * idle cost: the process's CPU (utime+stime from /proc) over ``--idle`` seconds once every node
   is Ready, as % of one core per node, and its RSS per node;
 * API requests per node per minute, from the runner's own summary lines (every 60 s);
 * pods: ``--pods`` bare pods (pause image, no nodeName: kube-scheduler binds them) created at
   ``--rate`` pods/s; startup latency = first seen Running and ready on a pod watch minus the
-  moment its create request returned (the SLO's span: p99 ≤ 5 s), p50/p99/max; the process's
-  CPU while they start, and its RSS at density; then every pod is deleted;
+  moment its create request returned (the SLO's span: p99 ≤ 5 s), p50/p99/max and how many
+  took over 5 s; the scheduler's share (create → first seen bound to a node) and the node's
+  (bound → Running and ready); how fast pods were bound and went Running (per second, over
+  the wave); the CPU of the hollow process and of each control-plane process (etcd,
+  kube-apiserver, kube-scheduler, kube-controller-manager) while they start, as % of a core,
+  and the hollow process's RSS at density; then, with every pod running, its CPU at rest
+  over ``--rest`` seconds (the pods' resyncs and status rounds); then every pod is deleted;
 * exit: seconds from SIGTERM to the process's exit, and whether every hollow Node is gone.
 
 The machine's load average is reported at start and end (the control plane shares it).
@@ -28,6 +33,8 @@ containerd, no cgroups.
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import json
 import os
 import re
@@ -56,6 +63,8 @@ LATE_FACTOR = 1.25
 SUMMARY = re.compile(r"^I(\d{4} \d\d:\d\d:\d\d\.\d+) .*API requests in the last (\d+)s: (\d+) ",
                      re.M)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
+SLO = 5.0  # seconds: the pod startup SLO's p99
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -141,6 +150,7 @@ class Observed:
         self.renewals: dict[str, float] = {}  # lease -> last renewTime
         self.gaps: list[tuple[float, float]] = []  # (renewTime, seconds since the last one)
         self.running: dict[str, float] = {}  # pod -> first seen Running and ready
+        self.bound: dict[str, float] = {}  # pod -> first seen with a nodeName
 
     def node(self, kind: str, node: dict[str, Any]) -> None:
         name = node["metadata"]["name"]
@@ -168,12 +178,48 @@ class Observed:
             self.renewals[name] = at
 
     def pod(self, kind: str, pod: dict[str, Any]) -> None:
+        if pod.get("spec", {}).get("nodeName"):
+            with self.lock:
+                self.bound.setdefault(pod["metadata"]["name"], time.monotonic())
         status = pod.get("status", {})
         statuses = status.get("containerStatuses") or []
         if (status.get("phase") == "Running" and statuses
                 and all(s.get("ready") for s in statuses)):
             with self.lock:
                 self.running.setdefault(pod["metadata"]["name"], time.monotonic())
+
+
+def control_plane_cpu(cp: Path) -> dict[str, float]:
+    """CPU seconds so far of each control-plane process (from its pid file)."""
+    seconds = {}
+    for name in CONTROL_PLANE:
+        with contextlib.suppress(OSError, ValueError):
+            seconds[name] = cpu_seconds(int((cp / f"{name}.pid").read_text()))
+    return seconds
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, all cores, from /proc/stat."""
+    fields = [int(x) / CLK_TCK for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def cpu_percent(before: dict[str, float], after: dict[str, float],
+                seconds: float) -> dict[str, float]:
+    return {name: round(100 * (after[name] - before[name]) / seconds, 1)
+            for name in after if name in before}
+
+
+def per_second(moments: list[float], start: float) -> dict[str, Any]:
+    """How fast things happened: the mean rate over the span from ``start`` to the last one,
+    and the most in any one second."""
+    if not moments:
+        return {"mean": None, "max_1s": None}
+    span = max(moments) - start
+    buckets = collections.Counter(int(at - start) for at in moments)
+    return {"mean": round(len(moments) / span, 1) if span > 0 else None,
+            "max_1s": max(buckets.values())}
 
 
 def wait(condition: Any, timeout: float, step: float = 0.2) -> bool:
@@ -251,6 +297,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0, help="pods created per second")
     parser.add_argument("--idle", type=float, default=130.0,
                         help="seconds of idle measurement once every node is Ready")
+    parser.add_argument("--rest", type=float, default=60.0,
+                        help="seconds of measurement with every pod running, after the wave")
     parser.add_argument("--start-rate", type=float, default=50.0,
                         help="the runner's --start-rate (nodes per second; 0: all at once)")
     parser.add_argument("--control-plane", type=Path, help="reuse a running control plane DIR "
@@ -318,11 +366,17 @@ def main() -> None:
         pods_from = time.time()
         if args.pods:
             cpu0, t0, wall0 = cpu_seconds(pid), time.monotonic(), datetime.now()
+            cp0, machine0 = control_plane_cpu(cp), machine_busy()
             created, failures = create_pods(admin, args.pods, args.rate)
             wait(lambda: all(name in observed.running for name in created), 300, 0.5)
             cpu1, t1, wall1 = cpu_seconds(pid), time.monotonic(), datetime.now()
-            latencies = [observed.running[name] - at for name, at in created.items()
-                         if name in observed.running]
+            cp1, machine1 = control_plane_cpu(cp), machine_busy()
+            with observed.lock:
+                running, bound = dict(observed.running), dict(observed.bound)
+            latencies = [running[name] - at for name, at in created.items() if name in running]
+            scheduled = [bound[name] - at for name, at in created.items() if name in bound]
+            on_node = [running[name] - bound[name] for name in created
+                       if name in running and name in bound]
             per_minute = requests_per_minute(log, wall0, wall1)
             result["pods_phase"] = {
                 "created": len(created), "create_failures": failures,
@@ -330,12 +384,39 @@ def main() -> None:
                 "startup_p50_s": percentile(latencies, 0.5),
                 "startup_p99_s": percentile(latencies, 0.99),
                 "startup_max_s": round(max(latencies), 3) if latencies else None,
+                "startup_over_slo": len([x for x in latencies if x > SLO]),
+                "create_to_bound_p50_s": percentile(scheduled, 0.5),
+                "create_to_bound_p99_s": percentile(scheduled, 0.99),
+                "bound_to_running_p50_s": percentile(on_node, 0.5),
+                "bound_to_running_p99_s": percentile(on_node, 0.99),
+                "bound_per_s": per_second([bound[n] for n in created if n in bound], t0),
+                "running_per_s": per_second([running[n] for n in created if n in running], t0),
                 "seconds": round(t1 - t0, 1),
                 "cpu_percent_of_core_total": round(100 * (cpu1 - cpu0) / (t1 - t0), 2),
+                "control_plane_cpu_percent_of_core": cpu_percent(cp0, cp1, t1 - t0),
+                # the whole machine (every core, everyone's processes), % of all its cores
+                "machine_busy_percent": round(
+                    100 * (machine1[0] - machine0[0]) / (machine1[1] - machine0[1]), 1),
                 "rss_mib_total": round(rss_bytes(pid) / 2**20, 1),
                 "rss_mib_per_node": round(rss_bytes(pid) / 2**20 / args.nodes, 3),
                 "api_requests_per_node_per_minute": (
                     round(per_minute / args.nodes, 2) if per_minute is not None else None),
+                "loadavg": load(),
+            }
+            # At rest with the pods: what running them costs (resyncs, status rounds, PLEG).
+            time.sleep(5)
+            rest_from = time.time()
+            cpu0, t0, cp0 = cpu_seconds(pid), time.monotonic(), control_plane_cpu(cp)
+            time.sleep(args.rest)
+            cpu1, t1, cp1 = cpu_seconds(pid), time.monotonic(), control_plane_cpu(cp)
+            rest_until = time.time()
+            result["at_rest_with_pods"] = {
+                "seconds": round(t1 - t0, 1),
+                "cpu_percent_of_core_total": round(100 * (cpu1 - cpu0) / (t1 - t0), 2),
+                "cpu_percent_of_core_per_node": round(
+                    100 * (cpu1 - cpu0) / (t1 - t0) / args.nodes, 4),
+                "control_plane_cpu_percent_of_core": cpu_percent(cp0, cp1, t1 - t0),
+                "rss_mib_per_node": round(rss_bytes(pid) / 2**20 / args.nodes, 3),
                 "loadavg": load(),
             }
             deleted_at = time.monotonic()
@@ -352,8 +433,11 @@ def main() -> None:
             [gap for at, gap in renewals if at < idle_from])
         result["lease_renewals_idle"] = renewal_figures(
             [gap for at, gap in renewals if idle_from <= at < pods_from])
-        result["lease_renewals_with_pods"] = renewal_figures(
-            [gap for at, gap in renewals if at >= pods_from])
+        if args.pods:
+            result["lease_renewals_with_pods"] = renewal_figures(
+                [gap for at, gap in renewals if pods_from <= at < rest_from])
+            result["lease_renewals_at_rest_with_pods"] = renewal_figures(
+                [gap for at, gap in renewals if rest_from <= at < rest_until])
     finally:
         stopped = time.monotonic()
         runner.send_signal(signal.SIGTERM)

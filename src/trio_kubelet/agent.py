@@ -556,7 +556,7 @@ async def run_cluster(
     api_source = partial(run_api_source, client=api, node_name=options.node_name, state=pods)
     nursery.start_soon(supervise, "api", api_source, deps.send.clone())
     mirrors = MirrorPods(api, pods, options.node_name, partial(_static_pods, options, loop),
-                         lambda: node.node_uid, deps.store.wait_changed)
+                         lambda: node.node_uid, deps.store.next_change)
     nursery.start_soon(mirrors.run)
     statuses = StatusManager(api, deps.store, pods, mirror_of=mirrors.mirror_of,
                              wall_time=lambda: format_time(deps.clock.now()))

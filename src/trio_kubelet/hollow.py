@@ -49,7 +49,8 @@ from trio_kubelet.runtime.fake_commands import script_for
 log = logging.getLogger("trio_kubelet.hollow")
 
 # Node i's InternalIP is the (i+1)th address of NODE_NETWORK; its pods' IPs come from the ith
-# /24 of POD_NETWORK (253 pods before addresses are reused). Neither is routed anywhere.
+# /24 of POD_NETWORK (253 addresses, each given again only once its pod has stopped, as
+# host-local IPAM does). Neither is routed anywhere.
 NODE_NETWORK = ipaddress.IPv4Network("172.16.0.0/12")
 POD_NETWORK = ipaddress.IPv4Network("10.64.0.0/10")
 MAX_NODES = POD_NETWORK.num_addresses // 256
@@ -194,7 +195,8 @@ async def run_hollow(
                 for index in range(options.nodes):
                     name = node_name(options, index)
                     host = AgentHost(
-                        open_runtime=in_process_opener(runtimes.setdefault(name, _runtime(index))),
+                        open_runtime=in_process_opener(
+                            runtimes.setdefault(name, _runtime(index)), wire=False),
                         open_api=shared.open if shared is not None else None,
                         machine=hollow_machine(machine, name),
                         host_resources=False,

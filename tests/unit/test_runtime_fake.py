@@ -30,6 +30,7 @@ from trio_kubelet.runtime.fake import (
     ExecResult,
     FakeRuntime,
     normalize_image_ref,
+    open_fake_runtime,
     serve_fake_runtime,
     serve_fake_runtime_on_asyncio,
 )
@@ -536,6 +537,27 @@ def test_fake_works_without_a_socket() -> None:
     assert len(fake.list_containers(v1.ListContainersRequest()).containers) == 1
 
 
+def test_pod_ips_are_reused_only_once_free_as_host_local_does() -> None:
+    fake = FakeRuntime(clock=ManualClock(), pod_network="10.64.1.0/24")
+
+    def run(i: int) -> tuple[str, str]:
+        request = v1.RunPodSandboxRequest(config=pod_config(f"p{i}", f"uid-{i}"))
+        sandbox_id = fake.run_pod_sandbox(request).pod_sandbox_id
+        status = fake.pod_sandbox_status(v1.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id))
+        assert status.status is not None and status.status.network is not None
+        return sandbox_id, status.status.network.ip
+
+    first = [run(i) for i in range(253)]
+    assert [ip for _, ip in first] == [f"10.64.1.{n}" for n in range(2, 255)]
+    with pytest.raises(CRIUnknown, match="no IP addresses available"):
+        run(253)
+    fake.stop_pod_sandbox(v1.StopPodSandboxRequest(pod_sandbox_id=first[100][0]))
+    assert run(254)[1] == "10.64.1.102"  # the one free address, not the first one again
+    for sandbox_id, _ in first[:3]:
+        fake.remove_pod_sandbox(v1.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id))
+    assert [run(i)[1] for i in (255, 256)] == ["10.64.1.2", "10.64.1.3"]  # round the range again
+
+
 # -- inspect -----------------------------------------------------------------------------------
 
 
@@ -657,6 +679,34 @@ async def test_container_events_stream_like_containerd_2(tmp_path: Path) -> None
         ("CONTAINER_DELETED_EVENT", app, uid, []),
         ("CONTAINER_DELETED_EVENT", sandbox_id, uid, []),
     ]
+
+
+async def test_in_process_messages_answer_as_the_wire_does() -> None:
+    """Hollow nodes hand CRI messages over in-process (``wire=False``): the same calls get the
+    same answers and events as through their encoding, without it (the runtime keeps the
+    request's own config, the caller gets the runtime's reply)."""
+    answers: dict[bool, list[Any]] = {}
+    for wire in (True, False):
+        clock = ManualClock()
+        fake = FakeRuntime(clock, event_stream=True)
+        fake.add_image("busybox")
+        async with open_fake_runtime(fake, wire=wire) as (_, client), \
+                client.container_events() as events:
+            pod = pod_config()
+            sandbox_id, [app] = await start_pod(client, pod, "app")
+            clock.advance(1)
+            fake.crash(app)
+            kept = fake._sandboxes[sandbox_id].config
+            assert (kept is pod) == (not wire)
+            answers[wire] = [
+                await client.pod_sandbox_status(sandbox_id),
+                await status_of(client, app),
+                [s.SerializeToString() for s in await client.list_pod_sandbox_brief()],
+                [s.SerializeToString() for s in await client.list_containers_brief()],
+                [described(await events.__anext__()) for _ in range(5)],
+            ]
+    assert answers[False] == answers[True]
+    assert answers[True][1].exit_code == 1 and len(answers[True][4]) == 5
 
 
 async def wait_for_streams(fake: FakeRuntime, count: int) -> None:

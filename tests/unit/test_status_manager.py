@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import httpx
+import trio
+import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -337,3 +339,34 @@ async def test_a_forbidden_status_update_is_not_retried_until_the_status_changes
     store.set(pods.pods["uid-web"], PodStatus(phase="Failed"))
     await manager.sync_all()
     assert seen == ["PATCH", "PATCH"]
+
+
+async def test_a_status_changed_while_the_last_was_being_sent_is_sent_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The pod's status changes while the previous one is on its way to the API server (its
+    container exits as the status saying it runs is sent): the manager must not wait for its
+    next period (10 s) to send the new one."""
+    pods, store = APIPods(), PodStatusStore()
+    pods.take(api_pod("web"))
+    pods.synced = True
+    pod = pods.pods["uid-web"]
+    store.set(pod, PodStatus(phase="Running"))
+    sent: list[tuple[float, str]] = []
+
+    async def send(request: httpx.Request) -> httpx.Response:
+        phase = json.loads(request.content)["status"]["phase"]
+        sent.append((trio.current_time(), phase))
+        await trio.sleep(0.5)  # the API server answering
+        if phase == "Running":  # meanwhile its container exited
+            store.set(pod, PodStatus(phase="Succeeded"))
+        return httpx.Response(200, json={"status": {"phase": phase}})
+
+    connection = Connection(server="http://api.test", ssl_context=None)
+    client = APIClient(connection, transport=httpx.MockTransport(send))
+    manager = StatusManager(client, store, pods, wall_time=lambda: "2026-11-22T10:00:00Z")
+    start = trio.current_time()
+    with trio.move_on_after(5):
+        await manager.run()
+    assert [(round(at - start, 1), phase) for at, phase in sent] == [
+        (0.0, "Running"), (0.5, "Succeeded")]

@@ -18,16 +18,20 @@ async def resync_forever(
     sync: Callable[[], Awaitable[None]],
     *,
     what: str,
-    changed: Sequence[Callable[[], Awaitable[None]]],
+    changed: Sequence[Callable[[], trio.Event]],
     period: float,
 ) -> None:
-    """Run ``sync`` whenever one of ``changed`` returns, and at least every ``period``.
+    """Run ``sync`` whenever something changed, and at least every ``period``.
 
-    While the API server is unreachable, retry with backoff (1 s doubling to 30 s)
-    instead of waiting for a change: what the node did meanwhile must still be told.
+    Each of ``changed`` returns the event its source sets at its next change. They are taken
+    before each ``sync``, so a change made while ``sync`` waits on the API server (a pod that
+    became ready while its last status was being sent) starts the next one at once instead
+    of a period later. While the API server is unreachable, retry with backoff (1 s doubling
+    to 30 s) instead of waiting for a change: what the node did meanwhile must still be told.
     """
     delay = 1.0
     while True:
+        pending = [next_change() for next_change in changed]
         try:
             await sync()
             delay = 1.0
@@ -36,12 +40,15 @@ async def resync_forever(
             await trio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
             continue
+        if any(event.is_set() for event in pending):
+            await trio.lowlevel.checkpoint()
+            continue
         with trio.move_on_after(period):
             async with trio.open_nursery() as waiting:
-                for wait in changed:
-                    waiting.start_soon(_then_cancel, wait, waiting.cancel_scope)
+                for event in pending:
+                    waiting.start_soon(_then_cancel, event, waiting.cancel_scope)
 
 
-async def _then_cancel(wait: Callable[[], Awaitable[None]], scope: trio.CancelScope) -> None:
-    await wait()
+async def _then_cancel(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
     scope.cancel()

@@ -5,7 +5,9 @@ alive; a Lease is small, so renewing it every 10 s is cheap where a full node st
 not be. Behaviour follows the Go lease controller (component-helpers lease/controller.go):
 renew with an update based on the last Lease written (no GET while all goes well); on a
 failure fall back to GET-or-create, retried with backoff (200 ms doubling to 7 s) for as
-long as the API server is away; a conflict re-reads the Lease first.
+long as the API server is away; a conflict re-reads the Lease first. Between rounds it
+waits the renew interval plus up to 4 % more, at random (Go's JitterUntil, sliding), so
+nodes started together drift apart instead of renewing in the same instant forever.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import copy
 import datetime
 import logging
+import random
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
@@ -25,6 +28,7 @@ log = logging.getLogger("trio_kubelet.node.lease")
 
 LEASE_NAMESPACE = "kube-node-lease"
 RENEW_INTERVAL_FRACTION = 0.25
+RENEW_JITTER = 0.04  # fraction of the interval added at random to each wait
 MAX_UPDATE_RETRIES = 5
 FIRST_BACKOFF = 0.1  # doubled before the first wait: 200 ms
 MAX_BACKOFF = 7.0
@@ -78,6 +82,7 @@ class LeaseController:
         duration_seconds: int,
         wall_clock: Callable[[], float],
         node_uid: Callable[[], str | None],
+        jitter: Callable[[], float] = random.random,
     ) -> None:
         self.client = client
         self.node_name = node_name
@@ -85,13 +90,14 @@ class LeaseController:
         self.renew_interval = duration_seconds * RENEW_INTERVAL_FRACTION
         self.wall_clock = wall_clock
         self.node_uid = node_uid
+        self.jitter = jitter  # a number in [0, 1)
         self.latest: JSON | None = None  # the Lease as last written or read
         self.path = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases/{node_name}"
 
     async def run(self) -> NoReturn:
         while True:
             await self.sync()
-            await trio.sleep(self.renew_interval)
+            await trio.sleep(self.renew_interval * (1 + RENEW_JITTER * self.jitter()))
 
     async def sync(self) -> None:
         """One renewal round; returns once the Lease is renewed or this round gave up."""

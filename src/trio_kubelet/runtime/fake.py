@@ -128,15 +128,16 @@ DEFAULT_SCRIPT = ContainerScript()
 
 
 class EventSubscription:
-    """One GetContainerEvents stream of the fake: the events published to it, in order,
-    then the error that ends it. ``wake`` is set by whoever waits for the next event."""
+    """One GetContainerEvents stream of the fake: the events published to it, in order (each
+    a ContainerEventResponse already encoded), then the error that ends it. ``wake`` is set
+    by whoever waits for the next event."""
 
     def __init__(self) -> None:
-        self.events: collections.deque[v1.ContainerEventResponse] = collections.deque()
+        self.events: collections.deque[bytes] = collections.deque()
         self.error: CRIError | None = None
         self.wake: Callable[[], None] | None = None
 
-    def put(self, event: v1.ContainerEventResponse) -> None:
+    def put(self, event: bytes) -> None:
         self.events.append(event)
         self._woken()
 
@@ -180,8 +181,8 @@ class _Sandbox:
     name_key: str
     state: v1.PodSandboxState = READY
     listed: v1.PodSandbox | None = None  # caches, dropped on every change
-    wire: bytes | None = None
-    status_wire: bytes | None = None
+    wire: bytes | None = None  # as a list reply's element
+    status_wire: bytes | None = None  # the PodSandboxStatus encoded
 
     def changed(self) -> None:
         self.listed = self.wire = self.status_wire = None
@@ -215,8 +216,8 @@ class _Container:
     cpu_ns: int = 0
     memory_bytes: int = 0
     listed: v1.Container | None = None  # caches, dropped on every change
-    wire: bytes | None = None
-    status_wire: bytes | None = None
+    wire: bytes | None = None  # as a list reply's element
+    status_wire: bytes | None = None  # the ContainerStatus encoded
 
     def changed(self) -> None:
         self.listed = self.wire = self.status_wire = None
@@ -242,9 +243,10 @@ def _digest(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def _repeated_field_1(encoded: bytes) -> bytes:
-    """A message as field number 1 (one element if repeated), as it appears on the wire."""
-    size, prefix = len(encoded), bytearray(b"\x0a")
+def _field(number: int, encoded: bytes) -> bytes:
+    """An encoded message as field ``number`` (< 16) of another (one element if repeated),
+    as it appears on the wire."""
+    size, prefix = len(encoded), bytearray([number << 3 | 2])
     while size > 0x7F:
         prefix.append((size & 0x7F) | 0x80)
         size >>= 7
@@ -310,7 +312,10 @@ class FakeRuntime:
         self._unavailable = False
         self._network_ready = True
         self._serial = 0
-        self._ips = 0
+        # Pod IPs: .2 to .254 of each /24 of the pod network, the ith of them numbered i.
+        self._ip_count = max(1, self._pod_network.num_addresses // 256) * 253
+        self._last_ip = -1  # the number of the address given last
+        self._ips_in_use: set[str] = set()  # addresses of ready sandboxes
 
     # -- scripting API (for tests) ----------------------------------------------------------
 
@@ -485,11 +490,13 @@ class FakeRuntime:
         if not self._subscriptions:
             return
         sandbox = self._sandboxes.get(sandbox_id)
-        event = v1.ContainerEventResponse(
-            container_id=object_id, container_event_type=kind, created_at=_ns(self.clock()),
-            pod_sandbox_status=self._sandbox_status(sandbox) if sandbox is not None else None,
-            containers_statuses=[self._container_status(c) for c in self._containers.values()
-                                 if c.sandbox_id == sandbox_id])
+        # Encoded from the statuses' own caches (fields 4 and 5 of ContainerEventResponse).
+        event = b"".join([
+            bytes(v1.ContainerEventResponse(container_id=object_id, container_event_type=kind,
+                                            created_at=_ns(self.clock()))),
+            _field(4, self._sandbox_status_wire(sandbox)) if sandbox is not None else b"",
+            *(_field(5, self._container_status_wire(c)) for c in self._containers.values()
+              if c.sandbox_id == sandbox_id)])
         for subscription in self._subscriptions:
             subscription.put(event)
 
@@ -562,12 +569,21 @@ class FakeRuntime:
         return v1.RunPodSandboxResponse(pod_sandbox_id=id)
 
     def _next_ip(self) -> str:
-        """Pod IPs from .2 of the pod network up (.2 to .254 of each /24), never reused (like
-        a host-local IPAM range) until the network wraps around."""
-        self._ips += 1
-        subnet, host = divmod(self._ips - 1, 253)
-        offset = (subnet * 256 + host + 2) % self._pod_network.num_addresses
-        return str(self._pod_network.network_address + offset)
+        """The next free pod IP after the one given last, as host-local IPAM allocates (.2 to
+        .254 of each /24 of the pod network, round and round): one is free again once its
+        sandbox has stopped. None free fails as the CNI plugin does."""
+        for step in range(1, self._ip_count + 1):
+            number = (self._last_ip + step) % self._ip_count
+            subnet, host = divmod(number, 253)
+            ip = str(self._pod_network.network_address + subnet * 256 + host + 2)
+            if ip not in self._ips_in_use:
+                self._last_ip = number
+                self._ips_in_use.add(ip)
+                return ip
+        _fail("RunPodSandbox", StatusCode.UNKNOWN,
+              'failed to setup network for sandbox: plugin type="host-local" failed (add): '
+              f"failed to allocate for range 0: no IP addresses available in range set: "
+              f"{self._pod_network}")
 
     def stop_pod_sandbox(self, request: v1.StopPodSandboxRequest) -> v1.StopPodSandboxResponse:
         sandbox = self._sandbox("StopPodSandbox", request.pod_sandbox_id)
@@ -580,6 +596,7 @@ class FakeRuntime:
         if sandbox.state == READY:
             sandbox.state = NOTREADY
             sandbox.changed()
+            self._ips_in_use.discard(sandbox.ip)  # the network torn down: the IP is free
             self._publish(sandbox.id, sandbox.id, CONTAINER_STOPPED_EVENT)
         return v1.StopPodSandboxResponse()
 
@@ -618,10 +635,13 @@ class FakeRuntime:
         if request.verbose:
             return self.pod_sandbox_status(request)
         sandbox = self._sandbox("PodSandboxStatus", request.pod_sandbox_id)
-        if sandbox.status_wire is None:
-            sandbox.status_wire = _repeated_field_1(bytes(self._sandbox_status(sandbox)))
-        return sandbox.status_wire + bytes(
+        return _field(1, self._sandbox_status_wire(sandbox)) + bytes(
             v1.PodSandboxStatusResponse(timestamp=_ns(self.clock())))
+
+    def _sandbox_status_wire(self, sandbox: _Sandbox) -> bytes:
+        if sandbox.status_wire is None:
+            sandbox.status_wire = bytes(self._sandbox_status(sandbox))
+        return sandbox.status_wire
 
     @staticmethod
     def _sandbox_status(sandbox: _Sandbox) -> v1.PodSandboxStatus:
@@ -667,7 +687,7 @@ class FakeRuntime:
 
     def _sandbox_wire(self, sandbox: _Sandbox) -> bytes:
         if sandbox.wire is None:
-            sandbox.wire = _repeated_field_1(bytes(self._listed_sandbox(sandbox)))
+            sandbox.wire = _field(1, bytes(self._listed_sandbox(sandbox)))
         return sandbox.wire
 
     def create_container(
@@ -819,7 +839,7 @@ class FakeRuntime:
 
     def _container_wire(self, c: _Container) -> bytes:
         if c.wire is None:
-            c.wire = _repeated_field_1(bytes(self._listed_container(c)))
+            c.wire = _field(1, bytes(self._listed_container(c)))
         return c.wire
 
     def container_status(
@@ -841,8 +861,11 @@ class FakeRuntime:
             return self.container_status(request)
         c = self._container("ContainerStatus", request.container_id)
         self._settle(c)
+        return _field(1, self._container_status_wire(c))
+
+    def _container_status_wire(self, c: _Container) -> bytes:
         if c.status_wire is None:
-            c.status_wire = _repeated_field_1(bytes(self._container_status(c)))
+            c.status_wire = bytes(self._container_status(c))
         return c.status_wire
 
     @staticmethod
@@ -1032,12 +1055,13 @@ class FakeRuntime:
 
     # -- serving ----------------------------------------------------------------------------
 
-    async def answer(self, method: str, request: Any, sleep: Sleep) -> Any:
+    async def answer(self, method: str, request: Any, sleep: Sleep, *, wire: bool = True) -> Any:
         """Answer one call of ``method`` (a CRI method name, "StopContainer") as containerd would.
 
         ``sleep`` is the serving loop's own (trio's or asyncio's): a scripted delay, a stop's
         SIGTERM grace and a slow exec take that long on it. Returns the reply message (bytes
-        for the list calls the fake encodes itself); raises CRIError.
+        for the list and status calls the fake encodes itself, unless ``wire`` is False: then
+        only for the list calls); raises CRIError.
         """
         if method == "StopContainer":
             self.container_calls.append((method, request.container_id, request.timeout))
@@ -1057,7 +1081,7 @@ class FakeRuntime:
             wait = self._call_wait(method, request)
             if wait > 0:
                 await sleep(wait)
-            return self._handler(method)(request)
+            return self._handler(method, wire)(request)
         finally:
             if pulling:
                 self.pulls_in_flight -= 1
@@ -1081,9 +1105,9 @@ class FakeRuntime:
             with suppress(ValueError):
                 self._subscriptions.remove(subscription)
 
-    async def next_event(self, subscription: EventSubscription,
-                         wait: Wait) -> v1.ContainerEventResponse:
-        """The stream's next event, waited for with ``wait``; the error that ended it."""
+    async def next_event(self, subscription: EventSubscription, wait: Wait) -> bytes:
+        """The stream's next event (encoded), waited for with ``wait``; the error that
+        ended it."""
         while True:
             self._settle_all()  # a scripted exit whose time has come is published now
             if subscription.events:
@@ -1102,9 +1126,10 @@ class FakeRuntime:
             return wait if math.isfinite(wait) else 0.0
         return 0.0
 
-    def _handler(self, method: str) -> Callable[[Any], Any]:
-        """The sync method above answering ``method`` (list calls: their encoded form)."""
-        name = _WIRE_HANDLERS.get(method) or _snake_case(method)
+    def _handler(self, method: str, wire: bool) -> Callable[[Any], Any]:
+        """The sync method above answering ``method`` (list calls, and status calls if
+        ``wire``: their encoded form)."""
+        name = (_WIRE_HANDLERS if wire else _LIST_HANDLERS).get(method) or _snake_case(method)
         handler: Callable[[Any], Any] | None = getattr(self, name, None)
         if handler is None:
             _fail(method, StatusCode.UNIMPLEMENTED, f"{method} is not implemented by the fake")
@@ -1122,7 +1147,7 @@ class _Events:
     def __aiter__(self) -> _Events:
         return self
 
-    async def __anext__(self) -> v1.ContainerEventResponse:
+    async def __anext__(self) -> bytes:
         return await self._fake.next_event(self._subscription, self._wait)
 
 
@@ -1146,8 +1171,9 @@ async def _wait_on_asyncio(subscription: EventSubscription, timeout: float | Non
         subscription.wake = None
 
 
-_WIRE_HANDLERS = {"ListPodSandbox": "list_pod_sandbox_wire",
-                  "ListContainers": "list_containers_wire",
+_LIST_HANDLERS = {"ListPodSandbox": "list_pod_sandbox_wire",
+                  "ListContainers": "list_containers_wire"}
+_WIRE_HANDLERS = {**_LIST_HANDLERS,
                   "PodSandboxStatus": "pod_sandbox_status_wire",
                   "ContainerStatus": "container_status_wire"}
 
@@ -1180,7 +1206,8 @@ def _cgroup_parent(config: v1.PodSandboxConfig) -> str:
 
 
 class _Encoded:
-    """A reply the fake encoded itself (list calls, from per-object caches)."""
+    """A reply the fake encoded itself (list and status calls and container events, from
+    per-object caches)."""
 
     __slots__ = ("data",)
 
@@ -1259,7 +1286,8 @@ class _Served:
         with _as_grpc_error():
             async with self._open_stream(method, request) as replies:
                 async for reply in replies:
-                    await stream.send_message(reply)
+                    await stream.send_message(_Encoded(reply) if isinstance(reply, bytes)
+                                              else reply)
 
 
 async def _start_server(path: str, answer: Callable[[str, Any], Awaitable[Any]],
@@ -1420,26 +1448,38 @@ def serve_fake_runtime_on_asyncio(fake: FakeRuntime, socket_path: str | os.PathL
 
 class FakeTransport:
     """CRI calls answered by a `FakeRuntime` on trio itself: no socket and no thread, so
-    trio's MockClock sees every wait. Requests and replies still pass through their wire
-    encoding, as over a socket (so upb replies decode as from containerd)."""
+    trio's MockClock sees every wait. Requests and replies pass through their wire encoding,
+    as over a socket (so upb replies decode as from containerd), unless ``wire`` is False:
+    then the runtime gets the request itself and the caller the runtime's reply message
+    (encoded only where the caller asked for another type, upb's), as hollow nodes do so
+    that hundreds of them measure the agent rather than a runtime's encoding and a
+    client's decoding of it (docs/scale.md)."""
 
-    def __init__(self, fake: FakeRuntime) -> None:
+    def __init__(self, fake: FakeRuntime, *, wire: bool = True) -> None:
         self.fake = fake
+        self.wire = wire
         self._closed = False
 
     async def unary(self, method: str, request: Any, reply_type: type[R],
                     timeout: float | None) -> R:
         if self._closed:
             _fail(method, StatusCode.UNAVAILABLE, "the CRI client is closed")
-        copy = type(request).FromString(bytes(request))
+        if self.wire:
+            request = type(request).FromString(bytes(request))
         # The request's trip to the runtime: like any real call, a checkpoint (other tasks
         # run, a cancellation lands) before the runtime sees it.
         await trio.lowlevel.checkpoint()
         try:
             with trio.fail_after(timeout) if timeout is not None else contextlib.nullcontext():
-                reply = await self.fake.answer(method, copy, trio.sleep)
+                reply = await self.fake.answer(method, request, trio.sleep, wire=self.wire)
         except trio.TooSlowError:
             raise deadline_exceeded(method, timeout) from None
+        return self._decoded(reply, reply_type)
+
+    def _decoded(self, reply: Any, reply_type: type[R]) -> R:
+        """``reply`` as the caller's ``reply_type``, through its wire encoding if ``wire``."""
+        if not self.wire and isinstance(reply, reply_type):
+            return reply
         wire = reply if isinstance(reply, bytes) else bytes(reply)
         decoded: R = reply_type.FromString(wire)  # type: ignore[attr-defined]
         return decoded
@@ -1464,16 +1504,17 @@ class FakeTransport:
             _fail(method, StatusCode.UNAVAILABLE, "the CRI client is closed")
         await trio.lowlevel.checkpoint()
         async with self.fake.container_events(method, _wait_on_trio) as events:
-            yield _Decoded(events, reply_type)
+            yield _Decoded(self, events, reply_type)
 
     async def aclose(self) -> None:
         self._closed = True
 
 
 class _Decoded(Generic[R]):
-    """A fake stream's replies through their wire encoding, as from a socket."""
+    """A fake stream's replies as its transport hands replies over (`FakeTransport._decoded`)."""
 
-    def __init__(self, events: _Events, reply_type: type[R]) -> None:
+    def __init__(self, transport: FakeTransport, events: _Events, reply_type: type[R]) -> None:
+        self._transport = transport
         self._events = events
         self._reply_type = reply_type
 
@@ -1481,36 +1522,38 @@ class _Decoded(Generic[R]):
         return self
 
     async def __anext__(self) -> R:
-        event = await self._events.__anext__()
-        decoded: R = self._reply_type.FromString(bytes(event))  # type: ignore[attr-defined]
-        return decoded
+        return self._transport._decoded(await self._events.__anext__(), self._reply_type)
 
 
 @asynccontextmanager
 async def open_fake_runtime(runtime: FakeRuntime | None = None, *, clock: Clock = time.time,
-                            timeout: float = DEFAULT_TIMEOUT, observer: Observer | None = None
-                            ) -> AsyncIterator[tuple[FakeRuntime, CRIClient]]:
-    """A fake runtime and a `CRIClient` that reaches it in-process (`FakeTransport`).
+                            timeout: float = DEFAULT_TIMEOUT, observer: Observer | None = None,
+                            wire: bool = True) -> AsyncIterator[tuple[FakeRuntime, CRIClient]]:
+    """A fake runtime and a `CRIClient` that reaches it in-process (`FakeTransport`, with
+    ``wire``).
 
     For code under trio's MockClock, where `serve_fake_runtime`'s socket and thread
     would let the virtual clock run ahead of the calls.
     """
     fake = runtime if runtime is not None else FakeRuntime(clock)
-    client = CRIClient(FakeTransport(fake), timeout, observer)
+    client = CRIClient(FakeTransport(fake, wire=wire), timeout, observer)
     try:
         yield fake, client
     finally:
         await client.aclose()
 
 
-def in_process_opener(fake: FakeRuntime) -> Callable[..., AbstractAsyncContextManager[CRIClient]]:
-    """A stand-in for `open_cri_client` whose clients reach ``fake`` in-process, whatever
-    the endpoint: to run a whole agent (``run_agent``) under a MockClock."""
+def in_process_opener(fake: FakeRuntime, *, wire: bool = True
+                      ) -> Callable[..., AbstractAsyncContextManager[CRIClient]]:
+    """A stand-in for `open_cri_client` whose clients reach ``fake`` in-process (`FakeTransport`,
+    with ``wire``), whatever the endpoint: to run a whole agent (``run_agent``) under a
+    MockClock, or many in one process (hollow nodes)."""
 
     @asynccontextmanager
     async def open_client(endpoint: str, timeout: float = DEFAULT_TIMEOUT, *,
                           observer: Observer | None = None) -> AsyncIterator[CRIClient]:
-        async with open_fake_runtime(fake, timeout=timeout, observer=observer) as (_, client):
+        async with open_fake_runtime(fake, timeout=timeout, observer=observer,
+                                     wire=wire) as (_, client):
             yield client
 
     return open_client

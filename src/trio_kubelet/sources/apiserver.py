@@ -60,8 +60,9 @@ class APIPods:
         self.synced = False  # a complete list has been seen
         self._changed = trio.Event()
 
-    async def wait_changed(self) -> None:
-        await self._changed.wait()
+    def next_change(self) -> trio.Event:
+        """The event the next change (`notify`) sets."""
+        return self._changed
 
     def notify(self) -> None:
         self._changed.set()

@@ -22,7 +22,7 @@ from trio_kubelet.apiserver.errors import APIError, Conflict, Forbidden, NotFoun
 from trio_kubelet.apiserver.resync import resync_forever
 from trio_kubelet.core.eviction import DISRUPTION_TARGET
 from trio_kubelet.core.phase import KUBELET_CONDITIONS
-from trio_kubelet.model.pod import Pod
+from trio_kubelet.model.pod import Pod, PodStatus
 from trio_kubelet.sources.apiserver import APIPods, RejectedPod
 from trio_kubelet.status.merge_patch import merge_patch
 from trio_kubelet.status.store import PodStatusStore
@@ -130,23 +130,27 @@ class StatusManager:
         self.mirror_of = mirror_of  # the mirror pod of a static pod, if there is one
         self.wall_time = wall_time  # RFC 3339 now
         self._sent: dict[str, JSON] = {}  # the status last patched, by the API object's UID
+        # Each pod's status as last converted to the API's form, by the pod's UID: a round
+        # looks at every pod whenever any changes, and most have not.
+        self._converted: dict[str, tuple[PodStatus, JSON]] = {}
         self._deleting: set[str] = set()
 
     async def run(self) -> None:
         await resync_forever(
             self.sync_all,
             what="update pod statuses",
-            changed=(self.store.wait_changed, self.api.wait_changed),
+            changed=(self.store.next_change, self.api.next_change),
             period=SYNC_PERIOD,
         )
 
     async def sync_all(self) -> None:
         if not self.api.synced:
             return
-        for pod in self.store.pods():
+        pods = self.store.pods()
+        for pod in pods:
             uid = pod.metadata.uid
             if uid in self.api.api_status:
-                await self._sync_status(pod, uid, self.api.api_status[uid], pod.status.to_api())
+                await self._sync_status(pod, uid, self.api.api_status[uid], self._ours(pod))
                 if pod.metadata.deletion_timestamp and self.store.is_stopped(uid):
                     await self._delete(pod)
             else:
@@ -157,7 +161,7 @@ class StatusManager:
                         pod,
                         str(meta.get("uid")),
                         mirror.get("status") or {},
-                        pod.status.to_api(),
+                        self._ours(pod),
                         name=str(meta.get("name")),
                     )
         for rejected in list(self.api.rejected.values()):
@@ -170,6 +174,17 @@ class StatusManager:
         }
         self._sent = {uid: sent for uid, sent in self._sent.items() if uid in live}
         self._deleting &= live
+        if len(self._converted) > len(pods):
+            kept = {pod.metadata.uid for pod in pods}
+            self._converted = {uid: c for uid, c in self._converted.items() if uid in kept}
+
+    def _ours(self, pod: Pod) -> JSON:
+        """The pod's status in the API's form, converted once per status."""
+        converted = self._converted.get(pod.metadata.uid)
+        if converted is None or converted[0] is not pod.status:
+            converted = (pod.status, pod.status.to_api())
+            self._converted[pod.metadata.uid] = converted
+        return converted[1]
 
     async def _sync_status(
         self, pod: Pod, uid: str, api_status: JSON, ours: JSON, *, name: str = ""

@@ -11,8 +11,10 @@ status manager patches it).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
+
+import trio
 
 from trio_kubelet.apiserver.client import JSON, APIClient
 from trio_kubelet.apiserver.errors import AlreadyExists, APIError, Unreachable
@@ -73,14 +75,14 @@ class MirrorPods:
         node_name: str,
         static_pods: Callable[[], dict[str, Pod] | None],
         node_uid: Callable[[], str | None],
-        pods_changed: Callable[[], Awaitable[None]],
+        pods_changed: Callable[[], trio.Event],
     ) -> None:
         self.client = client
         self.api = api
         self.node_name = node_name
         self.static_pods = static_pods  # by UID; None until the file source has reported
         self.node_uid = node_uid  # None until the Node is registered (it owns the mirrors)
-        self.pods_changed = pods_changed  # returns when the node's pods change
+        self.pods_changed = pods_changed  # the event the node's pods' next change sets
 
     def mirror_of(self, pod: Pod) -> JSON | None:
         """The current mirror of static pod ``pod``, for its status."""
@@ -91,7 +93,7 @@ class MirrorPods:
         await resync_forever(
             self.sync,
             what="sync mirror pods",
-            changed=(self.api.wait_changed, self.pods_changed),
+            changed=(self.api.next_change, self.pods_changed),
             period=RECHECK_PERIOD,
         )
 

@@ -64,6 +64,10 @@ class PodStatusStore:
         """Return after the next change to any pod's status."""
         await self._changed.wait()
 
+    def next_change(self) -> trio.Event:
+        """The event the next change to any pod's status sets."""
+        return self._changed
+
     def _notify(self) -> None:
         self.version += 1
         self._changed.set()
