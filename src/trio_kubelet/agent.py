@@ -80,8 +80,8 @@ from trio_kubelet.watch import print_pod_changes
 
 if TYPE_CHECKING:
     # Imported where used: the certificate managers only with an API server, the server
-    # stack (Quart, hypercorn, cryptography: ~0.2 s of CPU, a fifth of the agent's import)
-    # once the pods are on their way, so that they start that much sooner.
+    # stack (Quart, hypercorn, and cryptography with a client CA: ~0.2 s of CPU, a fifth of
+    # the agent's import) once the pods are on their way, so that they start that much sooner.
     from trio_kubelet.certificate.client import ClientCertificateManager
     from trio_kubelet.certificate.serving import ServingCertificateManager
     from trio_kubelet.server.serve import ServerAddresses

@@ -1,10 +1,14 @@
-"""server.tls: the self-signed serving pair (generated once, reused, renewed) and the context."""
+"""server.tls and server.self_signed: the self-signed serving pair (generated once, reused,
+renewed, by a child process) and the context."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
 import ipaddress
+import ssl
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +20,11 @@ from cryptography.x509.verification import PolicyBuilder, Store
 from OpenSSL import SSL
 
 from trio_kubelet.config import AgentOptions, KubeletConfiguration
+from trio_kubelet.server.self_signed import generate_self_signed
 from trio_kubelet.server.tls import (
     ServingCertificate,
     TLSConfigError,
     ensure_serving_certificate,
-    generate_self_signed,
     server_tls_context,
 )
 
@@ -117,11 +121,14 @@ def test_configured_pair_is_used_as_is(tmp_path: Path) -> None:
 
 def test_tls_context_requests_client_certificates_only_with_a_client_ca(tmp_path: Path) -> None:
     cert = ensure_serving_certificate(options(tmp_path))
-    assert server_tls_context(cert).get_verify_mode() == SSL.VERIFY_NONE
+    plain = server_tls_context(cert)
+    assert isinstance(plain, ssl.SSLContext), "no client CA: the standard library serves"
+    assert plain.verify_mode == ssl.CERT_NONE
     ca = trustme.CA()
     ca_file = tmp_path / "client-ca.crt"
     ca.cert_pem.write_to_path(str(ca_file))
     context = server_tls_context(cert, str(ca_file))
+    assert isinstance(context, SSL.Context)
     assert context.get_verify_mode() == SSL.VERIFY_PEER, "requested, not required"
 
 
@@ -132,3 +139,32 @@ def test_tls_context_errors_name_the_field(tmp_path: Path) -> None:
     cert = ensure_serving_certificate(options(tmp_path))
     with pytest.raises(TLSConfigError, match=r"^authentication\.x509\.clientCAFile: cannot load"):
         server_tls_context(cert, str(tmp_path / "no-ca.crt"))
+
+
+def test_the_agent_does_not_load_cryptography_without_a_client_ca(tmp_path: Path) -> None:
+    """The pair is made by a child process and served by ``ssl``: cryptography (and
+    pyOpenSSL), ~9 MiB resident once loaded, stay out of the agent's process."""
+    script = f"""
+import sys
+from pathlib import Path
+from trio_kubelet.config import AgentOptions, KubeletConfiguration
+from trio_kubelet.server.serve import run_servers
+from trio_kubelet.server.tls import ensure_serving_certificate, server_tls_context
+options = AgentOptions(config=KubeletConfiguration(), node_name="node-a",
+                       root_dir=Path({str(tmp_path)!r}), node_ip="10.0.0.5")
+server_tls_context(ensure_serving_certificate(options))
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("cryptography", "OpenSSL"))
+print(loaded)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"
+    assert (tmp_path / "pki" / "kubelet.crt").exists()
+
+
+def test_the_pair_cannot_be_written_names_the_directory(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    given = dataclasses.replace(options(tmp_path), cert_dir=tmp_path / "file" / "pki")
+    with pytest.raises(TLSConfigError,
+                       match=r"^cannot write the self-signed serving certificate to .*file/pki"):
+        ensure_serving_certificate(given)

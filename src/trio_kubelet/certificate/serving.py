@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import trio
-from OpenSSL import SSL
 
 from trio_kubelet.apiserver.client import APIClient
 from trio_kubelet.certificate.csr import obtain_certificate
@@ -42,6 +41,7 @@ from trio_kubelet.core.certificates import (
 )
 from trio_kubelet.node.machine import internal_ips
 from trio_kubelet.server.tls import (
+    ServerContext,
     ServingCertificate,
     ServingContext,
     TLSConfigError,
@@ -82,7 +82,7 @@ class ServingCertificateManager(RotatedCertificate):
         self.current, initial = self._initial()
         self.context = ServingContext(initial)
 
-    def _initial(self) -> tuple[KeyPair | None, SSL.Context | None]:
+    def _initial(self) -> tuple[KeyPair | None, ServerContext | None]:
         now = wall_time(self.clock)
         stored = self.store.current()
         if stored is not None and unexpired(stored.facts, now):
@@ -103,7 +103,7 @@ class ServingCertificateManager(RotatedCertificate):
                  "cluster issues one")
         return None, None
 
-    def _tls_context(self, cert: ServingCertificate) -> SSL.Context:
+    def _tls_context(self, cert: ServingCertificate) -> ServerContext:
         return server_tls_context(cert, self.client_ca)
 
     async def run(self) -> None:

@@ -30,8 +30,6 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import httpx
 import trio
-from cryptography import x509
-from cryptography.x509.oid import NameOID
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trio_kubelet.config import AgentOptions
@@ -161,6 +159,11 @@ class X509Authenticator:
         if credentials.client_certificate_error is not None:
             raise AuthenticationError(f"verifying certificate failed: x509: "
                                       f"{credentials.client_certificate_error}")
+        # Only built with clientCAFile, whose TLS (pyOpenSSL) has loaded cryptography already;
+        # without it the agent never loads cryptography (``tls.py``).
+        from cryptography import x509
+        from cryptography.x509.oid import NameOID
+
         try:
             cert = x509.load_pem_x509_certificate(credentials.client_certificate_pem.encode())
         except ValueError as exc:

@@ -1,9 +1,10 @@
-"""Server-side TLS for trio on pyOpenSSL, over memory BIOs.
+"""Server-side TLS for trio on pyOpenSSL, over memory BIOs (with ``clientCAFile`` only).
 
 The Go kubelet asks for a client certificate, always completes the handshake, and
 answers 401 when the certificate does not verify. Python's ``ssl`` has no verify
 callback, so an untrusted certificate would fail the handshake instead; OpenSSL's
 callback lets the handshake go on and keeps the failure for the authenticator.
+Without a client CA nothing is asked of the client and ``tls.py`` serves with ``ssl``.
 """
 
 from __future__ import annotations
@@ -18,13 +19,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from OpenSSL import SSL, crypto
 
-__all__ = ["ALPN_PROTOCOLS", "OpenSSLStream", "server_context"]
+from trio_kubelet.server.tls import ALPN_PROTOCOLS, TLS12_CIPHERS
 
-# TLS 1.2 suites: forward secret AEAD only (what HTTP/2 requires); TLS 1.3 suites are all fine.
-_TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
-# HTTP/1.1 only: the kubelet's server speaks no HTTP/2 (asgi_server); a client that offers h2
-# falls back, as Go's does.
-ALPN_PROTOCOLS = ("http/1.1",)
+__all__ = ["OpenSSLStream", "server_context"]
+
 _READ_SIZE = 65536  # one transport read; also what receive_some(None) decrypts at most
 _WRITE_CHUNK = 65536  # plaintext encrypted per step of send_all, which bounds buffered ciphertext
 _CLOSE_NOTIFY_TIMEOUT = 1.0  # aclose must not hang on a peer that stopped reading
@@ -72,7 +70,7 @@ def server_context(cert_file: str | PathLike[str], key_file: str | PathLike[str]
     context = SSL.Context(SSL.TLS_SERVER_METHOD)
     context.set_min_proto_version(SSL.TLS1_2_VERSION)
     context.set_options(SSL.OP_NO_COMPRESSION | SSL.OP_NO_RENEGOTIATION)
-    context.set_cipher_list(_TLS12_CIPHERS.encode())
+    context.set_cipher_list(TLS12_CIPHERS.encode())
     # Needed for session resumption once client certificates are requested.
     context.set_session_id(b"trio-kubelet")
     context.use_certificate_chain_file(cert_file)

@@ -3,11 +3,12 @@
 All three are our own, on trio and h11. 10250 and 10255 serve Quart-Trio apps through
 ``asgi_server`` (HTTP/1.1, websockets, SPDY upgrades); the healthz port has its own smaller
 server (``healthz_server.py``, see there why). Here: the accept loop with its connection cap,
-the TLS handshake on 10250 (pyOpenSSL, ``openssl_stream``), whose facts (the client
-certificate, and why it did not verify) go into each request's scope as the ASGI ``tls``
-extension, the serving certificate of the moment for each new connection (``ServingContext``),
-the app's lifespan, and the bound addresses (port 0 → an ephemeral port) reported to the
-caller. Why not Hypercorn: docs/http-api.md, "Why our own server".
+the TLS handshake on 10250 (``tls.server_stream``: the standard ``ssl``, or pyOpenSSL when
+client certificates are asked for), whose facts (the client certificate, and why it did not
+verify) go into each request's scope as the ASGI ``tls`` extension, the serving certificate
+of the moment for each new connection (``ServingContext``), the app's lifespan, and the bound
+addresses (port 0 → an ephemeral port) reported to the caller. Why not Hypercorn:
+docs/http-api.md, "Why our own server".
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from functools import partial
 from typing import Any
 
 import trio
-from OpenSSL import SSL
 from quart import Blueprint
 
 from trio_kubelet.metrics import AgentMetrics
@@ -31,11 +31,13 @@ from trio_kubelet.server.auth import Authorizer, RequestAuthenticator, ReviewCli
 from trio_kubelet.server.connections import HTTPLimits, limit_connections, limit_request_head
 from trio_kubelet.server.health import NodeHealth
 from trio_kubelet.server.healthz_server import serve_healthz
-from trio_kubelet.server.openssl_stream import OpenSSLStream
 from trio_kubelet.server.tls import (
+    ServerContext,
+    ServerStream,
     ServingContext,
     TLSConfigError,
     ensure_serving_certificate,
+    server_stream,
     server_tls_context,
 )
 from trio_kubelet.server.view import NodeView
@@ -69,21 +71,23 @@ class ServerAddresses:
     healthz: Address | None = None
 
 
-def _peer_tls(stream: OpenSSLStream) -> dict[str, Any]:
+def _peer_tls(stream: ServerStream) -> dict[str, Any]:
     """The ASGI TLS extension of a connection whose handshake has completed; a client
-    certificate that did not verify comes with ``client_cert_error``."""
-    der = stream.getpeercert(binary_form=True)
+    certificate that did not verify comes with ``client_cert_error``. Over ``ssl`` no
+    client certificate was asked for."""
+    asked = not isinstance(stream, trio.SSLStream)
+    der = stream.getpeercert(binary_form=True) if asked else None
     return {
         "server_cert": None,
         "client_cert_chain": [ssl.DER_cert_to_PEM_cert(der)] if der else [],
         "client_cert_name": None,
-        "client_cert_error": stream.verify_error(),
+        "client_cert_error": stream.verify_error() if asked else None,
         "tls_version": _TLS_VERSIONS.get(stream.version() or ""),
         "cipher_suite": None,
     }
 
 
-async def _handshake(stream: OpenSSLStream, timeout: float) -> bool:
+async def _handshake(stream: ServerStream, timeout: float) -> bool:
     try:
         with trio.fail_after(timeout):
             await stream.do_handshake()
@@ -119,10 +123,11 @@ async def _serve_connection(app: ASGIApp, limits: HTTPLimits, state: dict[str, A
                 log.debug("TLS connection refused: no serving certificate available yet")
                 await trio.aclose_forcefully(tcp)
                 return
-            stream = OpenSSLStream(tcp, tls_context)
-            if not await _handshake(stream, limits.tls_handshake_timeout):
+            tls_stream = server_stream(tcp, tls_context)
+            if not await _handshake(tls_stream, limits.tls_handshake_timeout):
                 return
-            scope.update(scheme="https", extensions={"tls": _peer_tls(stream)})
+            scope.update(scheme="https", extensions={"tls": _peer_tls(tls_stream)})
+            stream = tls_stream
         await serve_connection(app, stream, limits=limits, scope=scope)
     except Exception as exc:  # one broken connection must never take the server down
         log.error("HTTP connection failed: %s: %s", type(exc).__name__, exc)
@@ -144,7 +149,7 @@ async def _close(listeners: Sequence[trio.SocketListener]) -> None:
 
 
 async def serve_listeners(app: ASGIApp, listeners: Sequence[trio.SocketListener], *,
-                          tls_context: SSL.Context | ServingContext | None = None,
+                          tls_context: ServerContext | ServingContext | None = None,
                           limits: HTTPLimits = HTTPLimits(), name: str = "HTTP",
                           task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
                           ) -> None:
@@ -177,7 +182,7 @@ async def serve_listeners(app: ASGIApp, listeners: Sequence[trio.SocketListener]
 
 
 async def serve_app(app: ASGIApp, host: str, port: int, *,
-                    tls_context: SSL.Context | ServingContext | None = None,
+                    tls_context: ServerContext | ServingContext | None = None,
                     limits: HTTPLimits = HTTPLimits(), name: str = "HTTP",
                     task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``app`` on ``host:port`` (0: any free port) until cancelled; reports the bound
@@ -198,7 +203,7 @@ class _Server:
 
 
 def _servers(view: NodeView, blueprints_full: Sequence[Blueprint],
-             blueprints_read_only: Sequence[Blueprint], tls_context: SSL.Context | ServingContext,
+             blueprints_read_only: Sequence[Blueprint], tls_context: ServerContext | ServingContext,
              authenticator: RequestAuthenticator, authorizer: Authorizer | None,
              metrics: AgentMetrics | None, limits: HTTPLimits) -> list[_Server]:
     config = view.options.config
@@ -248,7 +253,7 @@ async def run_servers(view: NodeView, blueprints_full: Sequence[Blueprint],
             raise ValueError("an authorizer needs an authenticator")
         authenticator, authorizer = build_auth(options, review)
     client_ca = options.config.authentication.x509.client_ca_file or None
-    tls_context: SSL.Context | ServingContext | None = serving
+    tls_context: ServerContext | ServingContext | None = serving
     if tls_context is None:
         try:
             cert = await trio.to_thread.run_sync(ensure_serving_certificate, options)
