@@ -655,7 +655,8 @@ class StaticPodReporter:
         self.wall_clock = wall_clock
         self.first_seen: dict[str, str] = {}
         self.logged: set[ManifestProblem] = set()
-        self.last_sent: tuple[list[dict[str, Any]], tuple[ManifestProblem, ...]] | None = None
+        # The pods as sent (the sync loop holds the same objects: no copy is kept here).
+        self.last_sent: tuple[list[Pod], tuple[ManifestProblem, ...]] | None = None
 
     def update(
         self,
@@ -669,7 +670,7 @@ class StaticPodReporter:
         """
         self._log_problems(problems, stale)
         stamped = self._stamp_first_seen(pods)
-        sent = ([pod.to_api() for pod in stamped], tuple(problems))
+        sent = (stamped, tuple(problems))
         if sent == self.last_sent:
             return None
         self.last_sent = sent
