@@ -33,6 +33,7 @@ from trio_kubelet.core.pod_dns import (
 )
 from trio_kubelet.core.timestamps import format_time
 from trio_kubelet.events import Event, ResyncTick
+from trio_kubelet.heap import trim_heap_forever
 from trio_kubelet.images.gc import ImageGC, image_gc_policy
 from trio_kubelet.images.listing import NodeImages
 from trio_kubelet.images.manager import ImageManager
@@ -714,6 +715,8 @@ async def run_node(
                            top.cancel_scope)
         if deps.host.host_resources:  # a hollow node has no logind of its own
             nursery.start_soon(_watch_logind, start.shutdown, deps, loop)
+    if deps.host.host_resources:  # process-wide: one hollow process runs many nodes
+        nursery.start_soon(trim_heap_forever)
     container_gc = await run_container_gc(nursery, deps, loop, qos)
     stats = await run_node_stats(nursery, deps)
     eviction = await run_eviction(nursery, deps, start.eviction, loop, stats,
