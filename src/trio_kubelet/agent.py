@@ -56,6 +56,7 @@ from trio_kubelet.probes.results import ProbeResults
 from trio_kubelet.reconcile.container_gc import CONTAINER_GC_PERIOD, ContainerGC
 from trio_kubelet.reconcile.container_setup import NodeFacts
 from trio_kubelet.reconcile.loop import SyncLoop
+from trio_kubelet.reconcile.stop_order import StopOrder
 from trio_kubelet.reconcile.workers import WorkerContext
 from trio_kubelet.recording.recorder import Recorder
 from trio_kubelet.recording.records import Header
@@ -439,7 +440,8 @@ def worker_context(
         volumes=(VolumeManager(options.root_dir / "pods", events=deps.events)
                  if deps.host.host_resources else None),
         tokens=objects.tokens if objects else None,
-        node=_node_facts(options, deps.events, capacity), on_status=probes.status_changed,
+        node=_node_facts(options, deps.events, capacity), stop_order=StopOrder(),
+        on_status=probes.status_changed,
     )
 
 

@@ -52,6 +52,7 @@ from trio_kubelet.reconcile.container_setup import (
     prepare_container,
 )
 from trio_kubelet.reconcile.hooks import run_hook
+from trio_kubelet.reconcile.stop_order import StopOrder
 from trio_kubelet.recording.pod_decisions import PodStatusDecision, PodSync, StatusInputs
 from trio_kubelet.recording.recorder import Recorder
 from trio_kubelet.resources.cgroups import CgroupError, QOSCgroups
@@ -92,6 +93,7 @@ class WorkerContext:
     volumes: VolumeManager | None = None
     tokens: TokenSource | None = None  # service-account tokens (API only)
     node: NodeFacts = field(default_factory=NodeFacts)
+    stop_order: StopOrder = field(default_factory=StopOrder)  # one per node: see its module
     # Told after each status change of a pod (the probe manager's early first probe).
     on_status: Callable[[str], None] = lambda uid: None
 
@@ -651,7 +653,8 @@ class PodWorker:
                 )
 
     async def _kill_pod(self, pod: Pod | None, runtime: RuntimePodStatus) -> None:
-        """Stop every running container at once, then the sandboxes.
+        """Stop every running container at once, then the sandboxes (once containers
+        elsewhere on the node that are being killed have gone: `StopOrder`).
 
         Each container runs its preStop hook first. Sidecars outlive the containers they
         serve: each then waits for the regular containers and the sidecars declared
@@ -681,10 +684,12 @@ class PodWorker:
                             done=stopped[container.name],
                         )
                     )
-        for sandbox in runtime.sandboxes:
-            if sandbox.state is SandboxState.READY:
-                with contextlib.suppress(CRINotFound):  # gone: nothing left to stop
-                    await self._ctx.client.stop_pod_sandbox(sandbox.id)
+        ready = [s for s in runtime.sandboxes if s.state is SandboxState.READY]
+        if ready:
+            await self._ctx.stop_order.sandbox_turn()
+        for sandbox in ready:
+            with contextlib.suppress(CRINotFound):  # gone: nothing left to stop
+                await self._ctx.client.stop_pod_sandbox(sandbox.id)
 
     async def _kill_container(
         self,
@@ -765,7 +770,7 @@ class PodWorker:
         return runtime.ip
 
     async def _stop_container(self, container_id: str, grace: int) -> None:
-        with contextlib.suppress(CRINotFound):  # gone: nothing left to stop
+        with contextlib.suppress(CRINotFound), self._ctx.stop_order.container_stop(grace):
             await self._ctx.client.stop_container(container_id, timeout=grace)
 
     async def _remove_init_containers(
