@@ -15,6 +15,12 @@ N static pods (busybox ``sleep 3600``, ``terminationGracePeriodSeconds: 1``). Fo
   running (bench_kill_restart.py's measurement, ``--kills`` different pods);
 - ``teardown_s``: every manifest removed → no container of the pods running.
 
+``--agents floor,go,trio`` adds what containerd alone takes, on a fresh containerd of its own:
+the fewest CRI calls that start the N pods (RunPodSandbox, CreateContainer, StartContainer,
+all pods at once, from this process) and stop them (StopContainer with the same 2 s grace,
+then StopPodSandbox, per pod, as both agents do), timed the same way. No agent can start or
+stop the pods faster than that on this machine.
+
 The Go kubelet is ``kubelet`` from ``scripts/build-control-plane --kubelet`` (built from the Go
 module proxy the first time, cached) unless ``--go-kubelet PATH`` names one. It runs in a
 mount namespace of its own in which the kernel settings it insists on writing
@@ -45,6 +51,7 @@ from typing import Any
 import trio
 from bench_kill_restart import kill_each, percentile, write_pods
 from bench_steady_state import (
+    IMAGE,
     NODE,
     containerd_unavailable,
     count_running,
@@ -54,6 +61,10 @@ from bench_steady_state import (
     tree_version,
     wait_all_running,
 )
+
+from trio_kubelet.runtime import labels
+from trio_kubelet.runtime.client import CRIClient, open_cri_client
+from trio_kubelet.runtime.cri.runtime import v1
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "scripts" / "build-control-plane"
@@ -201,6 +212,77 @@ def run_agent(agent: str, binary: str, major: int, pods: int, kills: int, window
     return result
 
 
+async def _floor_start(client: CRIClient, root: str, logs: Path, index: int) -> tuple[str, str]:
+    """One pod as an agent would start it, without the agent: its sandbox, then its container."""
+    uid = f"floor-{os.getpid()}-{index:03d}"
+    pod_labels = {labels.POD_UID: uid}
+    # As for any pod without shareProcessNamespace: `sleep` is its container's PID 1 and
+    # ignores SIGTERM, so the 2 s grace runs out and SIGKILL follows, as under the agents.
+    own_pids = v1.NamespaceOption(pid=v1.NamespaceMode.CONTAINER)
+    sandbox = v1.PodSandboxConfig(
+        metadata=v1.PodSandboxMetadata(name=f"floor-{index:03d}", uid=uid, namespace="default"),
+        hostname=f"floor-{index:03d}", log_directory=str(logs / uid), labels=pod_labels,
+        linux=v1.LinuxPodSandboxConfig(
+            cgroup_parent=f"/{root}/kubepods/besteffort/pod{uid}",
+            security_context=v1.LinuxSandboxSecurityContext(namespace_options=own_pids)))
+    sandbox_id = await client.run_pod_sandbox(sandbox)
+    container = v1.ContainerConfig(
+        metadata=v1.ContainerMetadata(name="sleep"), image=v1.ImageSpec(image=IMAGE),
+        command=["sleep", "3600"], log_path="sleep/0.log", labels=pod_labels,
+        linux=v1.LinuxContainerConfig(
+            security_context=v1.LinuxContainerSecurityContext(namespace_options=own_pids)))
+    container_id = await client.create_container(sandbox_id, container, sandbox)
+    await client.start_container(container_id)
+    return sandbox_id, container_id
+
+
+async def _floor(endpoint: str, root: str, logs: Path, pods: int, poll: float) -> dict[str, Any]:
+    started: list[tuple[str, str]] = []
+
+    async def start(index: int) -> None:
+        started.append(await _floor_start(client, root, logs, index))
+
+    async def stop(sandbox_id: str, container_id: str) -> None:
+        await client.stop_container(container_id, 2)
+        await client.stop_pod_sandbox(sandbox_id)
+
+    async def until(done: Any, every: float) -> float:
+        began = time.monotonic()
+        while not await done():
+            await trio.sleep(every)
+        return time.monotonic() - began
+
+    async def all_running() -> bool:
+        return await count_running(endpoint) >= pods
+
+    async def none_running() -> bool:
+        return await count_running(endpoint) == 0
+
+    result: dict[str, Any] = {}
+    async with open_cri_client(endpoint, timeout=120) as client:
+        async with trio.open_nursery() as nursery:
+            for index in range(pods):
+                nursery.start_soon(start, index)
+            result["all_running_s"] = round(await until(all_running, poll), 1)
+        await trio.sleep(5.0)
+        async with trio.open_nursery() as nursery:
+            for sandbox_id, container_id in started:
+                nursery.start_soon(stop, sandbox_id, container_id)
+            result["teardown_s"] = round(await until(none_running, 0.1), 2)
+    return result
+
+
+def run_floor(major: int, pods: int) -> dict[str, Any]:
+    """containerd alone: `_floor` on a fresh private containerd with its own cgroup root."""
+    result: dict[str, Any] = {"load_1m_before": round(os.getloadavg()[0], 2)}
+    logs = Path(tempfile.mkdtemp(prefix="tkb-sbs-floor-", dir="/tmp"))
+    with cgroup_root(f"tkb-sbs-{os.getpid()}") as root, private_containerd(major) as (endpoint, _):
+        result.update(trio.run(_floor, endpoint, root, logs, pods, 1.0))
+    shutil.rmtree(logs, ignore_errors=True)
+    result["load_1m_after"] = round(os.getloadavg()[0], 2)
+    return result
+
+
 FIGURES = ("all_running_s", "cpu_percent_of_core", "rss_mib", "kill_p50_s", "kill_p99_s",
            "teardown_s")
 
@@ -214,7 +296,8 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=5.0)
     parser.add_argument("--start-timeout", type=float, default=600.0)
     parser.add_argument("--go-kubelet", help="a Go kubelet binary (default: build v1.36.3)")
-    parser.add_argument("--agents", default="go,trio", help="which, in this order")
+    parser.add_argument("--agents", default="go,trio",
+                        help="which, in this order: go, trio, floor (containerd alone)")
     args = parser.parse_args()
     result: dict[str, Any] = {"bench": "side_by_side", "containerd": args.containerd,
                               "pods": args.pods, "kills": args.kills, "window_s": args.window}
@@ -225,6 +308,9 @@ def main() -> None:
         return
     binary = go_kubelet(args.go_kubelet) if "go" in args.agents else ""
     for agent in args.agents.split(","):
+        if agent == "floor":
+            result[agent] = run_floor(args.containerd, args.pods)
+            continue
         result[agent] = run_agent(agent, binary, args.containerd, args.pods, args.kills,
                                   args.window, args.settle, args.start_timeout)
     if "go" in result and "trio" in result:
