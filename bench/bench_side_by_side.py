@@ -18,8 +18,8 @@ N static pods (busybox ``sleep 3600``, ``terminationGracePeriodSeconds: 1``). Fo
 ``--agents floor,go,trio`` adds what containerd alone takes, on a fresh containerd of its own:
 the fewest CRI calls that start the N pods (RunPodSandbox, CreateContainer, StartContainer,
 all pods at once, from this process) and stop them (StopContainer with the same 2 s grace,
-then StopPodSandbox, per pod, as both agents do), timed the same way. No agent can start or
-stop the pods faster than that on this machine.
+then at once StopPodSandbox, pod by pod, as the Go kubelet does), timed the same way. No
+agent starts the pods faster than that on this machine; the stop shows what that order costs.
 
 The Go kubelet is ``kubelet`` from ``scripts/build-control-plane --kubelet`` (built from the Go
 module proxy the first time, cached) unless ``--go-kubelet PATH`` names one. It runs in a
