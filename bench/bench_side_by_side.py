@@ -21,12 +21,14 @@ all pods at once, from this process) and stop them (StopContainer with the same 
 then at once StopPodSandbox, pod by pod, as the Go kubelet does), timed the same way. No
 agent starts the pods faster than that on this machine; the stop shows what that order costs.
 
-trio-kubelet runs from this process's ``trio_kubelet``, byte-compiled first as an install
-would leave it. The Go kubelet is ``kubelet`` from ``scripts/build-control-plane --kubelet``
-(built from the Go module proxy the first time, cached) unless ``--go-kubelet PATH`` names
-one. It runs in a mount namespace of its own in which the kernel settings it insists on writing
-(``vm.overcommit_memory``, ``kernel.panic_on_oops``, ...; ``protectKernelDefaults: true``
-would refuse to start instead) are files of this bench, so the machine's stay as they are;
+Before each run the page cache is dropped (and with it the memory cgroups earlier runs left
+behind) and the agent's files are read back in. trio-kubelet runs from this process's
+``trio_kubelet``, byte-compiled first as an install would leave it. The Go kubelet is
+``kubelet`` from ``scripts/build-control-plane --kubelet`` (built from the Go module proxy the
+first time, cached) unless ``--go-kubelet PATH`` names one. It runs in a mount namespace of
+its own in which the kernel settings it insists on writing (``vm.overcommit_memory``,
+``kernel.panic_on_oops``, ...; ``protectKernelDefaults: true`` would refuse to start instead)
+are files of this bench, so the machine's stay as they are;
 its pods here need no mounts that containerd would have to see. Prints one JSON
 object with both agents' figures, the ratios (trio / Go) and the load average around each run.
 Usage: ``python bench/bench_side_by_side.py [--containerd 1|2] [--pods 110] [--kills 10]``.
@@ -166,6 +168,28 @@ def compile_agent() -> None:
                    check=True, stdout=subprocess.DEVNULL)
 
 
+def fresh_kernel_state(warm: list[str]) -> int:
+    """Drop the page cache before each run, then read the agent's files back in.
+
+    Every run leaves ~550 memory cgroups behind that the kernel keeps while page cache is
+    charged to them; they piled up to thousands over a series and made each later run slower
+    than the one before. Returns how many memory cgroups there were before the drop.
+    """
+    before = next(int(line.split()[2]) for line in Path("/proc/cgroups").read_text().splitlines()
+                  if line.startswith("memory\t"))
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    subprocess.run(warm, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return before
+
+
+def warm_command(agent: str, binary: str) -> list[str]:
+    """Reads what the agent's start would read: its binary, or its Python modules."""
+    if agent == "go":
+        return [binary, "--version"]
+    return [sys.executable, "-c", "import trio_kubelet.agent, trio_kubelet.cli"]
+
+
 def agent_command(agent: str, binary: str, config: Path, workdir: Path) -> list[str]:
     common = ["--config", str(config), "--root-dir", str(workdir / "root"),
               "--hostname-override", NODE, "--node-ip", "127.0.0.1"]
@@ -190,7 +214,9 @@ def run_agent(agent: str, binary: str, major: int, pods: int, kills: int, window
     workdir = Path(tempfile.mkdtemp(prefix=f"tkb-sbs-{agent}-", dir="/tmp"))
     manifests, names = write_pods(workdir, "sbs", pods)
     log_path = workdir / "agent.log"
-    result: dict[str, Any] = {"load_1m_before": round(os.getloadavg()[0], 2)}
+    before = fresh_kernel_state(warm_command(agent, binary))
+    result: dict[str, Any] = {"memory_cgroups_before": before,
+                              "load_1m_before": round(os.getloadavg()[0], 2)}
     try:
         # The cgroups go last, after containerd has removed every container.
         with cgroup_root(f"tkb-sbs-{os.getpid()}") as root, \
@@ -287,7 +313,8 @@ async def _floor(endpoint: str, root: str, logs: Path, pods: int, poll: float) -
 
 def run_floor(major: int, pods: int) -> dict[str, Any]:
     """containerd alone: `_floor` on a fresh private containerd with its own cgroup root."""
-    result: dict[str, Any] = {"load_1m_before": round(os.getloadavg()[0], 2)}
+    result: dict[str, Any] = {"memory_cgroups_before": fresh_kernel_state(["true"]),
+                              "load_1m_before": round(os.getloadavg()[0], 2)}
     logs = Path(tempfile.mkdtemp(prefix="tkb-sbs-floor-", dir="/tmp"))
     with cgroup_root(f"tkb-sbs-{os.getpid()}") as root, private_containerd(major) as (endpoint, _):
         result.update(trio.run(_floor, endpoint, root, logs, pods, 1.0))
