@@ -4,10 +4,11 @@ When many pods stop at once (a mass deletion, a drain, a node shutdown), the run
 handles the killed containers' exits and the stopped sandboxes' teardown (CNI DEL, the
 pause container, unmounts) on the same CPUs. A pod's sandbox stop therefore waits while a
 container stop elsewhere on the node has run past its grace period — SIGKILL sent, its
-exit being handled — for at most ``SANDBOX_WAIT_LIMIT`` seconds. A container still in its
-grace period does not hold anyone up, so one slow pod never delays another pod's teardown
-by more than the limit. Measured on containerd 2.4.2 with 110 pods: every container
-stopped in 4.8-6.8 s instead of 6.5-9.0 s, the last sandbox ~1 s later (bench/README.md).
+exit being handled — and the runtime is still getting through them: it stops waiting once
+no such stop has returned for ``STALL`` seconds (one container that never dies holds no one
+up for longer), and after ``WAIT_LIMIT`` seconds in any case. A container still in its
+grace period holds no one up. Measured on containerd 2.4.2 with 110 pods, see
+bench/README.md ("Issue 21: stop order").
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from contextlib import contextmanager
 
 import trio
 
-__all__ = ["SANDBOX_WAIT_LIMIT", "StopOrder"]
+__all__ = ["STALL", "WAIT_LIMIT", "StopOrder"]
 
-SANDBOX_WAIT_LIMIT = 2.0  # the minimum grace period: the longest a sandbox defers to others
+STALL = 1.0  # no killed container's stop returned for this long: the runtime is not busy with them
+WAIT_LIMIT = 10.0  # the longest a sandbox stop ever defers to other pods' containers
 
 
 class StopOrder:
@@ -30,6 +32,7 @@ class StopOrder:
         self._kill_due: dict[int, float] = {}
         self._tokens = itertools.count()
         self._ended = trio.Event()
+        self._last_end = -float("inf")
 
     @contextmanager
     def container_stop(self, grace: int) -> Iterator[None]:
@@ -40,6 +43,7 @@ class StopOrder:
             yield
         finally:
             del self._kill_due[token]
+            self._last_end = trio.current_time()
             self._ended.set()
             self._ended = trio.Event()
 
@@ -49,7 +53,10 @@ class StopOrder:
         return any(due <= now for due in self._kill_due.values())
 
     async def sandbox_turn(self) -> None:
-        """Wait, at most ``SANDBOX_WAIT_LIMIT`` s, until no container is being killed."""
-        with trio.move_on_after(SANDBOX_WAIT_LIMIT):
+        """Wait while containers are being killed and their stops keep returning."""
+        with trio.move_on_after(WAIT_LIMIT):
             while self.killing():
-                await self._ended.wait()
+                with trio.move_on_at(self._last_end + STALL) as stalled:
+                    await self._ended.wait()
+                if stalled.cancelled_caught:
+                    return
