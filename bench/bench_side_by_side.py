@@ -200,12 +200,13 @@ def agent_command(agent: str, binary: str, config: Path, workdir: Path) -> list[
     return [sys.executable, "-m", "trio_kubelet", *common]
 
 
-def wait_none_running(endpoint: str, timeout: float) -> float:
+async def wait_none_running(endpoint: str, timeout: float) -> float:
+    """Seconds until no container of the pods runs (polled every 0.1 s), from now."""
     start = time.monotonic()
-    while trio.run(count_running, endpoint) > 0:
+    while await count_running(endpoint) > 0:
         if time.monotonic() - start > timeout:
-            raise RuntimeError(f"containers still running {timeout}s after the manifests went")
-        time.sleep(0.1)
+            raise RuntimeError(f"containers still running {timeout}s after their stop began")
+        await trio.sleep(0.1)
     return time.monotonic() - start
 
 
@@ -238,7 +239,8 @@ def run_agent(agent: str, binary: str, major: int, pods: int, kills: int, window
                 result["kill_samples_s"] = [round(s, 3) for s in samples]
                 for manifest in manifests.iterdir():
                     manifest.unlink()
-                result["teardown_s"] = round(wait_none_running(endpoint, start_timeout), 2)
+                result["teardown_s"] = round(
+                    trio.run(wait_none_running, endpoint, start_timeout), 2)
                 if process.poll() is not None:
                     raise RuntimeError(f"{agent} exited ({process.returncode}): {log_path}")
             finally:
@@ -275,7 +277,8 @@ async def _floor_start(client: CRIClient, root: str, logs: Path, index: int) -> 
     return sandbox_id, container_id
 
 
-async def _floor(endpoint: str, root: str, logs: Path, pods: int, poll: float) -> dict[str, Any]:
+async def _floor(endpoint: str, root: str, logs: Path, pods: int, poll: float,
+                 timeout: float) -> dict[str, Any]:
     started: list[tuple[str, str]] = []
 
     async def start(index: int) -> None:
@@ -285,39 +288,30 @@ async def _floor(endpoint: str, root: str, logs: Path, pods: int, poll: float) -
         await client.stop_container(container_id, 2)
         await client.stop_pod_sandbox(sandbox_id)
 
-    async def until(done: Any, every: float) -> float:
-        began = time.monotonic()
-        while not await done():
-            await trio.sleep(every)
-        return time.monotonic() - began
-
-    async def all_running() -> bool:
-        return await count_running(endpoint) >= pods
-
-    async def none_running() -> bool:
-        return await count_running(endpoint) == 0
-
     result: dict[str, Any] = {}
     async with open_cri_client(endpoint, timeout=120) as client:
         async with trio.open_nursery() as nursery:
             for index in range(pods):
                 nursery.start_soon(start, index)
-            result["all_running_s"] = round(await until(all_running, poll), 1)
+            began = time.monotonic()
+            while await count_running(endpoint) < pods:  # polled as `wait_all_running` does
+                await trio.sleep(poll)
+            result["all_running_s"] = round(time.monotonic() - began, 1)
         await trio.sleep(5.0)
         async with trio.open_nursery() as nursery:
             for sandbox_id, container_id in started:
                 nursery.start_soon(stop, sandbox_id, container_id)
-            result["teardown_s"] = round(await until(none_running, 0.1), 2)
+            result["teardown_s"] = round(await wait_none_running(endpoint, timeout), 2)
     return result
 
 
-def run_floor(major: int, pods: int) -> dict[str, Any]:
+def run_floor(major: int, pods: int, timeout: float) -> dict[str, Any]:
     """containerd alone: `_floor` on a fresh private containerd with its own cgroup root."""
     result: dict[str, Any] = {"memory_cgroups_before": fresh_kernel_state(["true"]),
                               "load_1m_before": round(os.getloadavg()[0], 2)}
     logs = Path(tempfile.mkdtemp(prefix="tkb-sbs-floor-", dir="/tmp"))
     with cgroup_root(f"tkb-sbs-{os.getpid()}") as root, private_containerd(major) as (endpoint, _):
-        result.update(trio.run(_floor, endpoint, root, logs, pods, 1.0))
+        result.update(trio.run(_floor, endpoint, root, logs, pods, 1.0, timeout))
     shutil.rmtree(logs, ignore_errors=True)
     result["load_1m_after"] = round(os.getloadavg()[0], 2)
     return result
@@ -351,7 +345,7 @@ def main() -> None:
         compile_agent()
     for agent in args.agents.split(","):
         if agent == "floor":
-            result[agent] = run_floor(args.containerd, args.pods)
+            result[agent] = run_floor(args.containerd, args.pods, args.start_timeout)
             continue
         result[agent] = run_agent(agent, binary, args.containerd, args.pods, args.kills,
                                   args.window, args.settle, args.start_timeout)
