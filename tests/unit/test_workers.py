@@ -25,7 +25,7 @@ from trio_kubelet.apiserver.kubeconfig import Connection
 from trio_kubelet.apiserver.object_cache import ObjectCache, PodObjects
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.core.hashing import container_hash
-from trio_kubelet.events import Event, PodLifecycleEvent, PodSetUpdate, ResyncTick
+from trio_kubelet.events import Event, PodLifecycleEvent, PodSetUpdate, RelistDone, ResyncTick
 from trio_kubelet.images.manager import ImageManager
 from trio_kubelet.model.pod import ContainerStatus, Pod
 from trio_kubelet.reconcile.loop import SyncLoop
@@ -192,6 +192,46 @@ async def test_new_pod_gets_one_sandbox_and_its_containers(
         assert {s.name: s.container_id for s in seen.status.container_statuses} == ids
 
 
+async def test_a_pod_the_runtime_cannot_hold_starts_without_listing_the_runtime(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Once the runtime was listed (a relist's RelistDone) and never showed the UID, the
+    first sync starts the pod without a look, and the look after its start asks only about
+    what it made: the sandbox once (for its IPs), each new container once."""
+    pod = make_pod(containers=[{"name": "main", "image": IMAGE},
+                               {"name": "helper", "image": IMAGE, "command": ["sleep", "1d"]}])
+    async with fake_node(tmp_path) as node:
+        await node.send.send(RelistDone(ok=True))
+        await node.run_pods(pod)
+        seen = await node.wait_for(UID, lambda p: running(p, "main") and running(p, "helper"))
+
+        calls = node.fake.calls
+        assert calls["ListPodSandbox"] == calls["ListContainers"] == 0
+        assert calls["PodSandboxStatus"] == 1
+        assert calls["ContainerStatus"] == 2
+        ids = {name_of(c): f"containerd://{c.id}" for c in containers(node.fake, UID)}
+        assert {s.name: s.container_id for s in seen.status.container_statuses} == ids
+        assert seen.status.pod_ip == "10.88.0.2"
+        assert all(s.state.running is not None and s.state.running.started_at
+                   for s in seen.status.container_statuses)
+
+
+@pytest.mark.parametrize("told", ["before the relist", "no relist"])
+async def test_a_pod_the_runtime_may_hold_is_inspected_first(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, told: str
+) -> None:
+    """A UID the runtime showed while no worker had it (a restarted agent's pod, reported
+    before its source), or any UID before the runtime was listed, gets the full look."""
+    async with fake_node(tmp_path) as node:
+        if told == "before the relist":
+            await node.send.send(PodLifecycleEvent(pod_uid=UID, type="ContainerStarted",
+                                                   container_id="old"))
+            await node.send.send(RelistDone(ok=True))
+        await node.run_pods(make_pod())
+        await node.wait_for(UID, running)
+        assert node.fake.calls["ListPodSandbox"] == node.fake.calls["ListContainers"] == 1
+
+
 async def test_init_container_completes_before_the_regular_containers_start(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
@@ -225,7 +265,10 @@ async def test_always_restarts_an_exited_container_with_the_next_restart_count(
         await node.wait_for(UID, running)
         await trio.sleep(2)
         await node.report(UID)
+        lists = node.fake.calls["ListContainers"]
         restarted = await node.wait_for(UID, lambda p: running(p, restarts=1))
+        # The restart looked at the pod once, before it; after it, only at the new container.
+        assert node.fake.calls["ListContainers"] == lists + 1
 
         first, second = containers(node.fake, UID)
         assert first.state == v1.ContainerState.CONTAINER_EXITED

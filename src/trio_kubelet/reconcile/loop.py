@@ -72,6 +72,11 @@ class SyncLoop:
         # Pods whose teardown finished: late PLEG events about them are expected.
         self._gone: set[str] = set()
         self.last_relist_ok: float | None = None
+        # Whether the runtime was listed: every UID it held then has had lifecycle events
+        # (sent before the relist's RelistDone), and so is in `workers`, `_gone` or
+        # `_unowned` (told of while no worker had it).
+        self._runtime_listed = False
+        self._unowned: set[str] = set()
         self.last_handled: float | None = None  # trio time of the last event (healthz/syncloop)
         self._nursery: trio.Nursery | None = None
         # Every consumed event gets a sequence number; recordings refer to pod specs by it.
@@ -141,6 +146,7 @@ class SyncLoop:
             self._relist_failing = True
             return
         self.last_relist_ok = trio.current_time()
+        self._runtime_listed = True
         if self._relist_failing:
             # The runtime is back: retry pods whose sync failed now, not after their retry delay.
             self._relist_failing = False
@@ -159,7 +165,11 @@ class SyncLoop:
         worker = self.workers.get(event.pod_uid)
         if worker is not None:
             worker.tell(event.container_id, event.type)
-        elif event.pod_uid not in self._gone and event.type != "ContainerRemoved":
+            return
+        if event.pod_uid in self._gone:
+            return
+        self._unowned.add(event.pod_uid)
+        if event.type != "ContainerRemoved":
             self._apply(self.config.runtime_pod_seen(event.pod_uid), -1)
 
     def node_conditions(self) -> tuple[str, ...]:
@@ -196,8 +206,13 @@ class SyncLoop:
         if worker is None:
             assert self._nursery is not None, "SyncLoop.handle called before run()"
             worker = PodWorker(uid, self._ctx, self.node_pods)
+            # Only a worker makes objects of its UID: a UID the runtime has not shown since it
+            # was listed, and no worker had, has nothing there.
+            worker.known_absent = (self._runtime_listed and uid not in self._gone
+                                   and uid not in self._unowned)
             self.workers[uid] = worker
             self._gone.discard(uid)
+            self._unowned.discard(uid)
             if pod is not None:
                 worker.rejection = self._admit(uid, pod, seq)
             self._nursery.start_soon(self._run_worker, worker)

@@ -38,7 +38,12 @@ from trio_kubelet.core.grace import (
     termination_prerequisites,
 )
 from trio_kubelet.core.objects import no_objects
-from trio_kubelet.core.observed import ContainerState, RuntimePodStatus, SandboxState
+from trio_kubelet.core.observed import (
+    ContainerState,
+    RuntimePodStatus,
+    RuntimeSandbox,
+    SandboxState,
+)
 from trio_kubelet.core.pleg import PlegChange, accounted_changes
 from trio_kubelet.core.pod_dns import MISSING_CLUSTER_DNS, MISSING_CLUSTER_DNS_MESSAGE, pod_dns
 from trio_kubelet.core.probes import ProbeType
@@ -60,7 +65,12 @@ from trio_kubelet.runtime import configs
 from trio_kubelet.runtime.client import CRIClient
 from trio_kubelet.runtime.cri.runtime import v1 as cri
 from trio_kubelet.runtime.errors import CRIError, CRINotFound
-from trio_kubelet.runtime.inspect import TerminationMessages, detailed_sandbox, inspect_pod
+from trio_kubelet.runtime.inspect import (
+    TerminationMessages,
+    detailed_sandbox,
+    inspect_pod,
+    with_created,
+)
 from trio_kubelet.status.store import PodStatusStore
 from trio_kubelet.volumes import VolumeError, VolumeManager
 
@@ -106,6 +116,13 @@ class _SyncResult:
     sync: PodSync
     errors: dict[str, tuple[str, str]] = field(default_factory=dict)
     requeue_at: float = math.inf
+    # What the actions made, so the look after them need not list the pod again
+    # (`PodWorker._look_after`): the new sandbox, the new containers (id, sandbox id).
+    new_sandbox: RuntimeSandbox | None = None
+    new_containers: list[tuple[str, str]] = field(default_factory=list)
+    # The actions killed or removed something, or failed halfway: only a full inspection
+    # tells what is left.
+    needs_inspection: bool = False
 
     @property
     def now(self) -> float:
@@ -143,6 +160,10 @@ class PodWorker:
         self._observed: RuntimePodStatus | None = None
         self._messages = TerminationMessages()  # exited containers' messages, read once
         self.rejection: Rejection | None = None  # set once at admission; the pod never runs
+        # Set by the sync loop when nothing of this UID can be in the runtime (it listed the
+        # runtime since the agent started, saw nothing of it, and no worker had it before):
+        # the first sync skips its look at the runtime.
+        self.known_absent = False
         self.eviction: Eviction | None = None  # set by the eviction manager; never runs again
 
     @property
@@ -257,7 +278,11 @@ class PodWorker:
 
     async def _sync_spec(self, pod: Pod, spec_seq: int) -> float:
         ctx = self._ctx
-        runtime = await inspect_pod(ctx.client, self.uid, pod=pod, messages=self._messages)
+        if self.known_absent:
+            self.known_absent = False
+            runtime = RuntimePodStatus(uid=self.uid)
+        else:
+            runtime = await inspect_pod(ctx.client, self.uid, pod=pod, messages=self._messages)
         sync = PodSync.decide(
             ctx.recorder, self.uid, pod, spec_seq, runtime, now=ctx.clock.now(),
             liveness=ctx.probe_results.of(self.uid, ProbeType.LIVENESS),
@@ -271,7 +296,7 @@ class PodWorker:
         sync.finish()
         self._errors = result.errors
         if changed:
-            runtime = await inspect_pod(ctx.client, self.uid, pod=pod, messages=self._messages)
+            runtime = await self._look_after(pod, runtime, result)
         self._observed = runtime
         # What it left may call for more (the next init container once a sidecar runs). Not
         # a decision to record: it only says whether PLEG news of this look needs a sync,
@@ -286,6 +311,17 @@ class PodWorker:
         if to_deadline is not None:  # wake up at the deadline (now, if the first sync passed it)
             result.retry_in(max(to_deadline, 0.0))
         return result.requeue_at
+
+    async def _look_after(
+        self, pod: Pod, before: RuntimePodStatus, result: _SyncResult
+    ) -> RuntimePodStatus:
+        """The pod in the runtime after a sync's actions: ``before`` plus what they made
+        when they only made things, else a fresh inspection."""
+        client = self._ctx.client
+        if result.needs_inspection:
+            return await inspect_pod(client, self.uid, pod=pod, messages=self._messages)
+        return await with_created(client, before, result.new_sandbox, result.new_containers,
+                                  pod=pod, messages=self._messages)
 
     def _seconds_to_deadline(self, pod: Pod) -> float | None:
         start_time = None if self._status is None else self._status.start_time
@@ -344,10 +380,12 @@ class PodWorker:
             await self._kill_pod(pod, runtime)
             if actions.create_sandbox:
                 await self._remove_init_containers(pod, runtime, keep_newest=False)
+            result.needs_inspection = True
         else:
             await self._kill_containers(pod, runtime, actions)
-            await self._remove_init_containers(pod, runtime, keep_newest=True)
-        changed = actions.kill_pod or bool(actions.containers_to_kill)
+            removed = await self._remove_init_containers(pod, runtime, keep_newest=True)
+            result.needs_inspection = removed or bool(actions.containers_to_kill)
+        changed = actions.kill_pod or result.needs_inspection
         if self._objects_unanswered(pod):
             return changed
         volume_paths = await self._set_up_volumes(pod, result)
@@ -358,9 +396,12 @@ class PodWorker:
         if actions.create_sandbox:
             sandbox_id = await self._create_sandbox(pod, actions.attempt, result)
             if not sandbox_id:
+                result.needs_inspection = True
                 return True
             changed = True
-            pod_ips = await self._sandbox_ips(sandbox_id)
+            result.new_sandbox = await self._new_sandbox(sandbox_id)
+            result.needs_inspection |= result.new_sandbox is None
+            pod_ips = result.new_sandbox.ips if result.new_sandbox is not None else []
         elif actions.kill_pod:
             return changed
         if pod.spec.host_network:
@@ -425,12 +466,13 @@ class PodWorker:
             result.retry_in(SYNC_ERROR_RETRY)
             return None
 
-    async def _sandbox_ips(self, sandbox_id: str) -> list[str]:
-        """The new sandbox's IPs, for the environment (status.podIP(s))."""
+    async def _new_sandbox(self, sandbox_id: str) -> RuntimeSandbox | None:
+        """The new sandbox as the runtime has it: its IPs, for the environment
+        (status.podIP(s)), and the sync's look after its actions."""
         response = await self._ctx.client.pod_sandbox_status(sandbox_id)
         if response.status is None:
-            return []
-        return detailed_sandbox(response.status).ips
+            return None
+        return detailed_sandbox(response.status)
 
     def _sandbox_config(self, pod: Pod, attempt: int) -> cri.PodSandboxConfig:
         """The pod's CRI sandbox config; its DNS warnings are events, at every call as in Go."""
@@ -575,6 +617,7 @@ class PodWorker:
             result.errors[container.name] = ("CreateContainerError", err.message)
             result.retry_in(SYNC_ERROR_RETRY)
             return False
+        result.new_containers.append((container_id, sandbox_id))
         message = f"Created container: {container.name}"
         ctx.events.pod_event(pod, "Normal", "Created", message, container.name)
         try:
@@ -618,6 +661,7 @@ class PodWorker:
         if failure is None:
             return
         self._report_hook_failure(pod, container, "postStart", failure)
+        result.needs_inspection = True
         await self._kill_container(
             pod,
             container_id,
@@ -775,16 +819,20 @@ class PodWorker:
 
     async def _remove_init_containers(
         self, pod: Pod, runtime: RuntimePodStatus, *, keep_newest: bool
-    ) -> None:
-        """Remove exited init container instances, sidecars included (all, or all but the newest).
+    ) -> bool:
+        """Remove exited init container instances, sidecars included (all, or all but the
+        newest); whether there were any.
 
         With a new sandbox every old instance goes (Go's purgeInitContainers), or a
         sidecar's exit in the dead sandbox would count as progress in the new one.
         """
+        removed = False
         for init in pod.spec.init_containers:
             exited = [c for c in runtime.instances(init.name) if c.state is ContainerState.EXITED]
             for instance in exited[1:] if keep_newest else exited:
                 await self._ctx.client.remove_container(instance.id)
+                removed = True
+        return removed
 
     def _report_hook_failure(
         self, pod: Pod, container: Container, hook: str, failure: str
