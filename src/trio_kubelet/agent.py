@@ -522,14 +522,15 @@ async def run_pod_sources(nursery: trio.Nursery, deps: Deps) -> None:
         await nursery.start(supervise, "http", manifest_url, deps.send.clone())
 
 
-def run_runtime_sources(nursery: trio.Nursery, deps: Deps, stats: NodeStats) -> None:
+async def run_runtime_sources(nursery: trio.Nursery, deps: Deps, stats: NodeStats) -> None:
     """The PLEG (the runtime's event stream unless the EventedPLEG gate is false: Go's gate
-    is off by default; docs/architecture.md says why ours is on) and the resync ticks."""
+    is off by default; docs/architecture.md says why ours is on), once it has listed the
+    runtime, and the resync ticks."""
     config = deps.config
     pleg = partial(run_pleg, client=deps.client, metrics=(deps.metrics, deps.clock.now),
                    on_relist=stats.oom.update if deps.host.host_resources else None,
                    container_events=config.feature_gates.get("EventedPLEG", True))
-    nursery.start_soon(supervise, "pleg", pleg, deps.send.clone())
+    await nursery.start(supervise, "pleg", pleg, deps.send.clone())
     nursery.start_soon(_resync, deps.send.clone(), config.sync_frequency)
 
 
@@ -723,6 +724,9 @@ async def run_node(
     stats = await run_node_stats(nursery, deps)
     eviction = await run_eviction(nursery, deps, start.eviction, loop, stats,
                                   NodeReclaimers(container_gc, images.gc))
+    # The runtime is listed before the first pods come: their workers then know which
+    # pods it cannot hold (`PodWorker.known_absent`).
+    await run_runtime_sources(nursery, deps, stats)
     await run_pod_sources(nursery, deps)
     if start.api is not None and start.objects is not None:
         # Static pods do not wait for a TLS bootstrap (the node's own API server may be one
@@ -730,7 +734,6 @@ async def run_node(
         cluster = partial(run_cluster, nursery, deps, start.api, start.objects, loop,
                           start.shutdown, eviction, start.machine)
         await _run_once_ready(nursery, start.credentials, cluster)
-    run_runtime_sources(nursery, deps, stats)
     if deps.host.serve:
         await run_server(nursery, deps, loop, stats, start.api, start.serving)
     if deps.options.show_pods:
