@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -23,6 +23,7 @@ from trio_kubelet.apiserver.services import ServiceCache
 from trio_kubelet.apiserver.tokens import TokenSource
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.config import AgentOptions, KubeletConfiguration
+from trio_kubelet.core.observed import RuntimePodStatus
 from trio_kubelet.core.pod_cgroups import KUBEPODS, cgroup_path, kubepods_config
 from trio_kubelet.core.pod_dns import (
     CHECK_LIMITS_FOR_RESOLV_CONF,
@@ -95,6 +96,8 @@ log = logging.getLogger("trio_kubelet.agent")
 # backpressure to the sources instead of dropping events.
 EVENT_CHANNEL_SIZE = 1000
 RUNTIME_RETRY_MAX = 30.0
+# How long the pod sources wait for the PLEG's first relist (milliseconds on a sound runtime).
+FIRST_RELIST_WAIT = 5.0
 # How often the sampler reads cgroups (cAdvisor's housekeeping; the sampler's figures
 # feed /stats/summary and /metrics/cadvisor).
 HOUSEKEEPING_INTERVAL = 10.0
@@ -524,14 +527,25 @@ async def run_pod_sources(nursery: trio.Nursery, deps: Deps) -> None:
 
 async def run_runtime_sources(nursery: trio.Nursery, deps: Deps, stats: NodeStats) -> None:
     """The PLEG (the runtime's event stream unless the EventedPLEG gate is false: Go's gate
-    is off by default; docs/architecture.md says why ours is on), once it has listed the
-    runtime, and the resync ticks."""
+    is off by default; docs/architecture.md says why ours is on) and the resync ticks;
+    returns once the PLEG has listed the runtime, or `FIRST_RELIST_WAIT` later (a runtime
+    that cannot be listed, or a PLEG that fails, must not hold the pod sources back)."""
     config = deps.config
+    listed = trio.Event()
+    oom_update = stats.oom.update if deps.host.host_resources else None
+
+    def relisted(pods: Mapping[str, RuntimePodStatus]) -> None:
+        listed.set()
+        if oom_update is not None:
+            oom_update(pods)
+
     pleg = partial(run_pleg, client=deps.client, metrics=(deps.metrics, deps.clock.now),
-                   on_relist=stats.oom.update if deps.host.host_resources else None,
+                   on_relist=relisted,
                    container_events=config.feature_gates.get("EventedPLEG", True))
-    await nursery.start(supervise, "pleg", pleg, deps.send.clone())
+    nursery.start_soon(supervise, "pleg", pleg, deps.send.clone())
     nursery.start_soon(_resync, deps.send.clone(), config.sync_frequency)
+    with trio.move_on_after(FIRST_RELIST_WAIT):
+        await listed.wait()
 
 
 async def run_cluster(

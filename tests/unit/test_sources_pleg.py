@@ -400,25 +400,3 @@ async def test_a_failed_relist_is_retried_a_second_later_even_while_the_stream_i
     # is gone at 45 s; then quiet again.
     assert done == [(0.0, True), (1.0, True), (36.0, False), (41.0, False), (46.0, False),
                     (46.0, True), (76.0, True)]
-
-
-async def test_started_once_the_runtime_is_listed(
-    autojump_clock: trio.testing.MockClock, tmp_path: Path
-) -> None:
-    """What the runtime held at the start is on the channel, RelistDone last, when the
-    PLEG reports itself started: the agent starts the pod sources then."""
-    wall = TrioWallClock(epoch=T0)
-    async with open_fake_runtime(FakeRuntime(wall.now), timeout=5.0) as (fake, client):
-        fake.add_image(IMAGE)
-        sandbox = run_sandbox(fake, tmp_path)
-        run_container(fake, sandbox, "a")
-        send, receive = trio.open_memory_channel[Event](math.inf)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(run_pleg, send, client)
-            told = []
-            while (event := receive.receive_nowait()) and not isinstance(event, RelistDone):
-                told.append(event)
-            assert {(e.pod_uid, e.type) for e in told if isinstance(e, PodLifecycleEvent)} == {
-                (UID, "ContainerStarted")}
-            assert event.ok
-            nursery.cancel_scope.cancel()

@@ -239,14 +239,11 @@ async def run_pleg(
     same answer; it must return at once. ``container_events=False`` relists only (every
     ``period``), as the Go kubelet does without its EventedPLEG feature gate. ``metrics``:
     where each relist is reported, with the wall clock its last-seen gauge reads.
-
-    It reports itself started once its first relist is done (or failed): the pod sources
-    start then, so the sync loop knows what the runtime holds before their first pods.
     """
     pleg = _Pleg(send, client, period=period, evented_period=evented_period,
                  metrics=metrics, on_relist=on_relist)
+    task_status.started()
     news_send, news = trio.open_memory_channel[_StreamNews](0)
-    listed = False
     async with send, news, trio.open_nursery() as nursery:
         if container_events:
             nursery.start_soon(watch_container_events, client, news_send)
@@ -260,6 +257,3 @@ async def run_pleg(
                     await trio.sleep_forever()
                 continue
             await pleg.relist()
-            if not listed:
-                listed = True
-                task_status.started()
