@@ -71,11 +71,10 @@ class SyncLoop:
         self.workers: dict[str, PodWorker] = {}
         # Pods whose teardown finished: late PLEG events about them are expected.
         self._gone: set[str] = set()
-        self.last_relist_ok: float | None = None
-        # Whether the runtime was listed: every UID it held then has had lifecycle events
-        # (sent before the relist's RelistDone), and so is in `workers`, `_gone` or
+        # Set by the first good relist: every UID the runtime held then has had lifecycle
+        # events (sent before the relist's RelistDone), and so is in `workers`, `_gone` or
         # `_unowned` (told of while no worker had it).
-        self._runtime_listed = False
+        self.last_relist_ok: float | None = None
         self._unowned: set[str] = set()
         self.last_handled: float | None = None  # trio time of the last event (healthz/syncloop)
         self._nursery: trio.Nursery | None = None
@@ -146,7 +145,6 @@ class SyncLoop:
             self._relist_failing = True
             return
         self.last_relist_ok = trio.current_time()
-        self._runtime_listed = True
         if self._relist_failing:
             # The runtime is back: retry pods whose sync failed now, not after their retry delay.
             self._relist_failing = False
@@ -208,7 +206,7 @@ class SyncLoop:
             worker = PodWorker(uid, self._ctx, self.node_pods)
             # Only a worker makes objects of its UID: a UID the runtime has not shown since it
             # was listed, and no worker had, has nothing there.
-            worker.known_absent = (self._runtime_listed and uid not in self._gone
+            worker.known_absent = (self.last_relist_ok is not None and uid not in self._gone
                                    and uid not in self._unowned)
             self.workers[uid] = worker
             self._gone.discard(uid)
