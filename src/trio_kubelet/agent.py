@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping
@@ -57,6 +58,7 @@ from trio_kubelet.probes.results import ProbeResults
 from trio_kubelet.reconcile.container_gc import CONTAINER_GC_PERIOD, ContainerGC
 from trio_kubelet.reconcile.container_setup import NodeFacts
 from trio_kubelet.reconcile.loop import SyncLoop
+from trio_kubelet.reconcile.start_order import StartOrder
 from trio_kubelet.reconcile.stop_order import StopOrder
 from trio_kubelet.reconcile.workers import WorkerContext
 from trio_kubelet.recording.recorder import Recorder
@@ -444,6 +446,7 @@ def worker_context(
                  if deps.host.host_resources else None),
         tokens=objects.tokens if objects else None,
         node=_node_facts(options, deps.events, capacity), stop_order=StopOrder(),
+        start_order=StartOrder(cpus=math.ceil(capacity["cpu"].value)),
         on_status=probes.status_changed,
     )
 

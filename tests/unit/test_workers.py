@@ -29,6 +29,7 @@ from trio_kubelet.events import Event, PodLifecycleEvent, PodSetUpdate, RelistDo
 from trio_kubelet.images.manager import ImageManager
 from trio_kubelet.model.pod import ContainerStatus, Pod
 from trio_kubelet.reconcile.loop import SyncLoop
+from trio_kubelet.reconcile.start_order import PER_CPU, SLOW, StartOrder
 from trio_kubelet.reconcile.workers import SYNC_ERROR_RETRY, WorkerContext
 from trio_kubelet.runtime import labels
 from trio_kubelet.runtime.cri.runtime import v1
@@ -425,6 +426,40 @@ async def test_start_failure_is_run_container_error(
             128, "StartError")
         [instance] = containers(node.fake, UID)
         assert instance.state == v1.ContainerState.CONTAINER_EXITED
+
+
+async def _hold_starts(order: StartOrder, count: int, release: trio.Event,
+                       task_status: trio.TaskStatus[None]) -> None:
+    """``count`` pod starts in flight on ``order`` until ``release``."""
+    async def hold(task_status: trio.TaskStatus[None]) -> None:
+        async with order.pod_start():
+            task_status.started()
+            await release.wait()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(count):
+            await nursery.start(hold)
+        task_status.started()
+
+
+async def test_a_pod_start_waits_for_its_turn_and_a_teardown_does_not(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    order, release = StartOrder(cpus=1), trio.Event()
+    async with fake_node(tmp_path, start_order=order) as node, trio.open_nursery() as nursery:
+        await node.run_pods(make_pod(name="early", uid=UID_B))
+        await node.wait_for(UID_B, running)
+        await nursery.start(_hold_starts, order, PER_CPU, release)
+        await node.run_pods(make_pod(name="early", uid=UID_B), make_pod())
+        await trio.sleep(1.0)  # the runtime gets nothing of the new pod while the order is full
+        assert not sandboxes(node.fake, UID)
+        await node.run_pods(make_pod())  # the running pod goes: its kill does not queue
+        with trio.fail_after(SLOW / 2):
+            while sandboxes(node.fake, UID_B):
+                await trio.sleep(0.1)
+        release.set()
+        with trio.fail_after(1.0):
+            await node.wait_for(UID, running)
 
 
 async def test_sandbox_failure_is_reported_on_every_container(

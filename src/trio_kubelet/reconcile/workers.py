@@ -57,6 +57,7 @@ from trio_kubelet.reconcile.container_setup import (
     prepare_container,
 )
 from trio_kubelet.reconcile.hooks import run_hook
+from trio_kubelet.reconcile.start_order import StartOrder
 from trio_kubelet.reconcile.stop_order import StopOrder
 from trio_kubelet.recording.pod_decisions import PodStatusDecision, PodSync, StatusInputs
 from trio_kubelet.recording.recorder import Recorder
@@ -104,6 +105,7 @@ class WorkerContext:
     tokens: TokenSource | None = None  # service-account tokens (API only)
     node: NodeFacts = field(default_factory=NodeFacts)
     stop_order: StopOrder = field(default_factory=StopOrder)  # one per node: see its module
+    start_order: StartOrder = field(default_factory=StartOrder)  # one per node: see its module
     # Told after each status change of a pod (the probe manager's early first probe).
     on_status: Callable[[str], None] = lambda uid: None
 
@@ -391,6 +393,25 @@ class PodWorker:
         volume_paths = await self._set_up_volumes(pod, result)
         if volume_paths is None:
             return changed
+        starts = (actions.ephemeral_containers_to_start or actions.init_containers_to_start
+                  or actions.containers_to_start)
+        objects = self._ctx.objects
+        if objects is not None and starts:
+            await objects.wait_for_services(pod)
+        makes = actions.create_sandbox or (starts and not actions.kill_pod)
+        async with self._ctx.start_order.pod_start() if makes else contextlib.nullcontext():
+            return await self._make(pod, runtime, actions, volume_paths, result) or changed
+
+    async def _make(
+        self,
+        pod: Pod,
+        runtime: RuntimePodStatus,
+        actions: PodActions,
+        volume_paths: dict[str, Path],
+        result: _SyncResult,
+    ) -> bool:
+        """The sandbox (if the actions want a new one) and the containers the actions start."""
+        changed = False
         sandbox_id = actions.sandbox_id
         pod_ips = runtime.sandboxes[0].ips if runtime.sandboxes else []
         if actions.create_sandbox:
@@ -407,13 +428,6 @@ class PodWorker:
         if pod.spec.host_network:
             pod_ips = list(self._ctx.node.host_ips)
         sandbox = self._sandbox_config(pod, actions.attempt)
-        objects = self._ctx.objects
-        if objects is not None and (
-            actions.ephemeral_containers_to_start
-            or actions.init_containers_to_start
-            or actions.containers_to_start
-        ):
-            await objects.wait_for_services(pod)
         start = partial(self._start, pod, runtime, sandbox_id=sandbox_id, sandbox=sandbox,
                         pod_ips=pod_ips, volume_paths=volume_paths, result=result)
         spec = pod.spec
