@@ -133,6 +133,12 @@ class _SyncResult:
     def retry_in(self, seconds: float) -> None:
         self.requeue_at = min(self.requeue_at, trio.current_time() + seconds)
 
+    @property
+    def changed(self) -> bool:
+        """Whether the actions changed the pod in the runtime (the sync looks again)."""
+        return (self.sync.actions.kill_pod or self.needs_inspection
+                or self.new_sandbox is not None or bool(self.new_containers))
+
 
 class PodWorker:
     """Owns one pod UID for its whole life on the node, from first sync to teardown."""
@@ -294,9 +300,10 @@ class PodWorker:
         # As the Go kubelet: publish what is observed before acting, so a long kill
         # (grace periods) does not hide that a container already exited.
         self._publish(pod, spec_seq, runtime, sync.now, self._errors)
-        changed = await self._execute(pod, runtime, sync.actions, result)
+        await self._execute(pod, runtime, sync.actions, result)
         sync.finish()
         self._errors = result.errors
+        changed = result.changed
         if changed:
             runtime = await self._look_after(pod, runtime, result)
         self._observed = runtime
@@ -368,7 +375,8 @@ class PodWorker:
 
     async def _execute(
         self, pod: Pod, runtime: RuntimePodStatus, actions: PodActions, result: _SyncResult
-    ) -> bool:
+    ) -> None:
+        """The actions in Go's SyncPod order; what they did goes into ``result``."""
         if actions.create_sandbox and actions.sandbox_id:
             message = "Pod sandbox changed, it will be killed and re-created."
             self._ctx.events.pod_event(pod, "Normal", "SandboxChanged", message)
@@ -387,12 +395,11 @@ class PodWorker:
             await self._kill_containers(pod, runtime, actions)
             removed = await self._remove_init_containers(pod, runtime, keep_newest=True)
             result.needs_inspection = removed or bool(actions.containers_to_kill)
-        changed = actions.kill_pod or result.needs_inspection
         if self._objects_unanswered(pod):
-            return changed
+            return
         volume_paths = await self._set_up_volumes(pod, result)
         if volume_paths is None:
-            return changed
+            return
         starts = (actions.ephemeral_containers_to_start or actions.init_containers_to_start
                   or actions.containers_to_start)
         objects = self._ctx.objects
@@ -400,7 +407,7 @@ class PodWorker:
             await objects.wait_for_services(pod)
         makes = actions.create_sandbox or (starts and not actions.kill_pod)
         async with self._ctx.start_order.pod_start() if makes else contextlib.nullcontext():
-            return await self._make(pod, runtime, actions, volume_paths, result) or changed
+            await self._make(pod, runtime, actions, volume_paths, result)
 
     async def _make(
         self,
@@ -409,22 +416,20 @@ class PodWorker:
         actions: PodActions,
         volume_paths: dict[str, Path],
         result: _SyncResult,
-    ) -> bool:
+    ) -> None:
         """The sandbox (if the actions want a new one) and the containers the actions start."""
-        changed = False
         sandbox_id = actions.sandbox_id
         pod_ips = runtime.sandboxes[0].ips if runtime.sandboxes else []
         if actions.create_sandbox:
             sandbox_id = await self._create_sandbox(pod, actions.attempt, result)
             if not sandbox_id:
                 result.needs_inspection = True
-                return True
-            changed = True
+                return
             result.new_sandbox = await self._new_sandbox(sandbox_id)
             result.needs_inspection |= result.new_sandbox is None
             pod_ips = result.new_sandbox.ips if result.new_sandbox is not None else []
         elif actions.kill_pod:
-            return changed
+            return
         if pod.spec.host_network:
             pod_ips = list(self._ctx.node.host_ips)
         sandbox = self._sandbox_config(pod, actions.attempt)
@@ -432,17 +437,14 @@ class PodWorker:
                         pod_ips=pod_ips, volume_paths=volume_paths, result=result)
         spec = pod.spec
         for index in actions.ephemeral_containers_to_start:
-            changed |= await start(spec.ephemeral_containers[index], "ephemeral")
+            await start(spec.ephemeral_containers[index], "ephemeral")
         for index in actions.init_containers_to_start:
             init = spec.init_containers[index]
             kind = "sidecar" if is_sidecar(init) else "init"
-            started = await start(init, kind)
-            changed |= started
-            if not started and kind == "init":
+            if not await start(init, kind) and kind == "init":
                 break
         for index in actions.containers_to_start:
-            changed |= await start(spec.containers[index], "regular")
-        return changed
+            await start(spec.containers[index], "regular")
 
     def _objects_unanswered(self, pod: Pod) -> bool:
         """Whether the caches are still listing objects the pod refers to.
@@ -558,7 +560,8 @@ class PodWorker:
         volume_paths: dict[str, Path],
         result: _SyncResult,
     ) -> bool:
-        """Start one container unless it is in crash-loop backoff; record why it did not start."""
+        """Start one container unless it is in crash-loop backoff; record why it did not start.
+        True once the container was created (its start may still have failed)."""
         ctx = self._ctx
         now = result.now
         newest = runtime.find(container.name)
