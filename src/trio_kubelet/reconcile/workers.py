@@ -400,12 +400,14 @@ class PodWorker:
         volume_paths = await self._set_up_volumes(pod, result)
         if volume_paths is None:
             return
+        if actions.kill_pod and not actions.create_sandbox:
+            return  # the pod stops for good: nothing to make
         starts = (actions.ephemeral_containers_to_start or actions.init_containers_to_start
                   or actions.containers_to_start)
         objects = self._ctx.objects
         if objects is not None and starts:
             await objects.wait_for_services(pod)
-        makes = actions.create_sandbox or (starts and not actions.kill_pod)
+        makes = actions.create_sandbox or starts
         async with self._ctx.start_order.pod_start() if makes else contextlib.nullcontext():
             await self._make(pod, runtime, actions, volume_paths, result)
 
@@ -428,8 +430,6 @@ class PodWorker:
             result.new_sandbox = await self._new_sandbox(sandbox_id)
             result.needs_inspection |= result.new_sandbox is None
             pod_ips = result.new_sandbox.ips if result.new_sandbox is not None else []
-        elif actions.kill_pod:
-            return
         if pod.spec.host_network:
             pod_ips = list(self._ctx.node.host_ips)
         sandbox = self._sandbox_config(pod, actions.attempt)
