@@ -144,6 +144,18 @@ def start_pods(api: Api, image: str) -> None:
         api.wait(f"{PODS}/{name}", running, timeout=60, what=f"{name} Running")
 
 
+def wait_shutting_down(api: Api) -> None:
+    """The shutdown signal reaches the agent asynchronously: a pod created before the agent
+    has seen it is admitted and then stopped with the others, so the late pod waits for the
+    node's NotReady."""
+    api.wait(
+        f"/api/v1/nodes/{NODE}",
+        lambda n: ready_condition(n).get("message") == "node is shutting down",
+        timeout=10,
+        what="the Node NotReady for the shutdown",
+    )
+
+
 def check_shut_down(api: Api) -> None:
     """The node NotReady, both pods stopped by the shutdown (regular first), the late pod
     refused, and the node's NodeShutdown event."""
@@ -183,6 +195,7 @@ def test_sigterm_shuts_the_node_down_regular_pods_first(
     assert agent.process is not None
     started = time.monotonic()
     agent.process.send_signal(signal.SIGTERM)
+    wait_shutting_down(api)
     api.create(PODS, pod_manifest("late", NODE, containerd.BUSYBOX_TAGGED, ["sleep", "3600"]))
 
     agent.process.wait(GRACE + 15)
@@ -206,6 +219,7 @@ def test_logind_prepare_for_shutdown_stops_the_pods_then_lets_the_lock_go(
 
     started = time.monotonic()
     logind.prepare_for_shutdown(True)
+    wait_shutting_down(api)
     api.create(PODS, pod_manifest("late", NODE, containerd.BUSYBOX_TAGGED, ["sleep", "3600"]))
     wait_until(lambda: logind.inhibitors() == [], GRACE + 10, "the inhibitor lock released")
     took = time.monotonic() - started
