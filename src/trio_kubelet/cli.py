@@ -353,6 +353,12 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
         "renew the client certificate from the cluster before it expires",
     ),
     ConfigFlag(
+        "--rotate-server-certificates",
+        "serverTLSBootstrap",
+        _bool,
+        "serve 10250 with a certificate the cluster issues, renewed before it expires",
+    ),
+    ConfigFlag(
         "--register-with-taints",
         "registerWithTaints",
         _taints,
@@ -391,6 +397,26 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
     ConfigFlag("--cgroup-root", "cgroupRoot", str, "root cgroup for pods", "CGROUP"),
     ConfigFlag("--cgroups-per-qos", "cgroupsPerQOS", _bool, "create the QoS cgroup hierarchy"),
     ConfigFlag("--pod-logs-dir", "podLogsDir", str, "directory of container logs", "DIR"),
+    ConfigFlag(
+        "--container-log-max-size",
+        "containerLogMaxSize",
+        str,
+        "size at which a container's log is rotated",
+        "SIZE",
+    ),
+    ConfigFlag(
+        "--container-log-max-files",
+        "containerLogMaxFiles",
+        _int,
+        "log files kept per container, the live one included",
+        "N",
+    ),
+    ConfigFlag(
+        "--local-storage-capacity-isolation",
+        "localStorageCapacityIsolation",
+        _bool,
+        "evict pods past their own ephemeral storage limits",
+    ),
     ConfigFlag(
         "--volume-stats-agg-period",
         "volumeStatsAggPeriod",
@@ -462,20 +488,81 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
 # Go kubelet flags for features trio-kubelet does not have. A command line written for the
 # Go kubelet still starts the agent; each one given is named in a warning at start-up.
 GO_ONLY_FLAGS = (
+    "--application-metrics-count-limit",
+    "--boot-id-file",
     "--cloud-provider",
+    "--container-hints",
+    "--containerd",
+    "--containerd-namespace",
+    "--contention-profiling",
+    "--cpu-cfs-quota",
+    "--cpu-cfs-quota-period",
+    "--cpu-manager-policy",
+    "--cpu-manager-policy-options",
+    "--cpu-manager-reconcile-period",
+    "--enable-controller-attach-detach",
+    "--enable-debugging-handlers",
+    "--enable-load-reader",
+    "--enable-server",
+    "--event-burst",
+    "--event-qps",
+    "--event-storage-age-limit",
+    "--event-storage-event-limit",
+    "--exit-on-lock-contention",
+    "--experimental-allocatable-ignore-eviction",
+    "--experimental-mounter-path",
+    "--fail-cgroupv1",
     "--fail-swap-on",
+    "--global-housekeeping-interval",
+    "--hairpin-mode",
+    "--housekeeping-interval",
     "--image-credential-provider-bin-dir",
     "--image-credential-provider-config",
+    "--kernel-memcg-notification",
+    "--kube-api-content-type",
     "--kube-reserved-cgroup",
     "--kubelet-cgroups",
+    "--lock-file",
+    "--log-cadvisor-usage",
     "--log-dir",
+    "--log-flush-frequency",
+    "--log-json-info-buffer-size",
+    "--log-json-split-stream",
+    "--log-text-info-buffer-size",
+    "--log-text-split-stream",
+    "--logging-format",
     "--logtostderr",
+    "--machine-id-file",
+    "--make-iptables-util-chains",
+    "--max-open-files",
+    "--memory-manager-policy",
+    "--oom-score-adj",
+    "--pod-cidr",
     "--pod-infra-container-image",
+    "--pods-per-core",
     "--protect-kernel-defaults",
     "--provider-id",
+    "--qos-reserved",
+    "--reserved-cpus",
+    "--reserved-memory",
+    "--runonce",
     "--runtime-cgroups",
+    "--seccomp-default",
+    "--storage-driver-buffer-duration",
+    "--storage-driver-db",
+    "--storage-driver-host",
+    "--storage-driver-password",
+    "--storage-driver-secure",
+    "--storage-driver-table",
+    "--storage-driver-user",
     "--system-cgroups",
     "--system-reserved-cgroup",
+    "--tls-cipher-suites",
+    "--tls-min-version",
+    "--topology-manager-policy",
+    "--topology-manager-policy-options",
+    "--topology-manager-scope",
+    "--vmodule",
     "--volume-plugin-dir",
 )
 
@@ -492,6 +579,13 @@ def ignored_flags(args: argparse.Namespace) -> list[str]:
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     node = parser.add_argument_group("node")
     node.add_argument("--config", type=Path, metavar="FILE", help="KubeletConfiguration file")
+    node.add_argument(
+        "--config-dir",
+        type=Path,
+        metavar="DIR",
+        help="drop-in KubeletConfiguration files (*.conf, by name, subdirectories included), "
+        "each merged over --config and the ones before it; flags still win",
+    )
     node.add_argument(
         "--kubeconfig",
         type=Path,
@@ -689,6 +783,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     run = commands.add_parser("run", help="run the node agent (the default)", allow_abbrev=False)
+    run.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     _add_run_flags(run)
     replay = commands.add_parser(
         "replay", help="re-run a recording's decisions under a virtual clock", allow_abbrev=False
@@ -722,6 +817,7 @@ def agent_options(args: argparse.Namespace) -> AgentOptions:
     """The AgentOptions for parsed ``run`` arguments; raises ConfigError naming the field."""
     return build_agent_options(
         config_file=args.config,
+        config_dir=args.config_dir,
         overrides=_config_overrides(args),
         root_dir=args.root_dir,
         hostname_override=args.hostname_override,
@@ -869,7 +965,7 @@ def _hollow(args: argparse.Namespace) -> int:
 
 def _with_default_command(argv: Sequence[str]) -> list[str]:
     """No subcommand means ``run``, so the Go kubelet's command lines work unchanged."""
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         return ["run", *argv]
     return list(argv)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import os
 import re
 import socket
 from collections.abc import Mapping, Sequence
@@ -671,9 +672,15 @@ def _resolve_relative_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
 
 def load_config_file(path: Path) -> KubeletConfiguration:
     """Read a KubeletConfiguration file; unknown fields are logged and ignored."""
+    return _validated(_read_document(path, "config file"), path, "config file")
+
+
+def _read_document(path: Path, what: str) -> dict[str, Any]:
+    """One KubeletConfiguration file as its wire mapping: kind and apiVersion checked,
+    unknown fields reported, relative paths made absolute against the file's directory."""
 
     def invalid(message: str) -> ConfigError:
-        return ConfigError(f"invalid config file {path}: {message}")
+        return ConfigError(f"invalid {what} {path}: {message}")
 
     try:
         text = path.read_text(encoding="utf-8")
@@ -700,12 +707,63 @@ def load_config_file(path: Path) -> KubeletConfiguration:
             if api_version is None
             else f"apiVersion: unsupported {json.dumps(api_version)} (expected {API_VERSION})"
         )
-    _report_unknown_fields(path, _unknown_fields(KubeletConfiguration, data))
-    data = _resolve_relative_paths(data, path.absolute().parent)
+    _report_unknown_fields(path, what, _unknown_fields(KubeletConfiguration, data))
+    return _resolve_relative_paths(data, path.absolute().parent)
+
+
+def _validated(data: Mapping[str, Any], path: Path, what: str) -> KubeletConfiguration:
     try:
         return KubeletConfiguration.model_validate(data, context={_WIRE: True})
     except ValidationError as exc:
-        raise invalid(describe_validation_error(exc)) from None
+        raise ConfigError(f"invalid {what} {path}: {describe_validation_error(exc)}") from None
+
+
+DROP_IN_SUFFIX = ".conf"
+
+
+def drop_in_files(directory: Path) -> list[Path]:
+    """The ``--config-dir`` files in the Go kubelet's order: a depth-first walk with each
+    directory's entries sorted by name, keeping the non-directories named ``*.conf``."""
+    try:
+        entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+    except OSError as exc:
+        raise ConfigError(
+            f"--config-dir: cannot read {directory}: {exc.strerror or exc}"
+        ) from None
+    found: list[Path] = []
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            found.extend(drop_in_files(Path(entry.path)))
+        elif entry.name.endswith(DROP_IN_SUFFIX):
+            found.append(Path(entry.path))
+    return found
+
+
+def merge_patch(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """``patch`` over ``base`` as a JSON merge patch does it (maps merge key by key, lists and
+    scalars replace), except that a null leaves the base's value: the Go kubelet decodes the
+    merged document over the configuration it already holds, so a removed key changes nothing."""
+    merged = dict(base)
+    for key, value in patch.items():
+        if value is None:
+            continue
+        old = merged.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            merged[key] = merge_patch(old, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _with_drop_ins(
+    data: dict[str, Any], config: KubeletConfiguration, directory: Path
+) -> KubeletConfiguration:
+    """Each drop-in merged over the configuration so far, in order; a file whose merge makes
+    the configuration invalid is the one named."""
+    for path in drop_in_files(directory):
+        data = merge_patch(data, _read_document(path, "drop-in config file"))
+        config = _validated(data, path, "drop-in config file")
+    return config
 
 
 def _kind_of(value: Any) -> str:
@@ -716,14 +774,15 @@ def _kind_of(value: Any) -> str:
     return f"a {type(value).__name__} value"
 
 
-def _report_unknown_fields(path: Path, fields: list[str]) -> None:
+def _report_unknown_fields(path: Path, what: str, fields: list[str]) -> None:
     unsupported = [name for name in fields if name in GO_ONLY_FIELDS]
     unknown = [name for name in fields if name not in GO_ONLY_FIELDS]
     if unknown:
-        log.warning("config file %s: unknown field(s) ignored: %s", path, ", ".join(unknown))
+        log.warning("%s %s: unknown field(s) ignored: %s", what, path, ", ".join(unknown))
     if unsupported:
         log.info(
-            "config file %s: Go kubelet field(s) not implemented by trio-kubelet, ignored: %s",
+            "%s %s: Go kubelet field(s) not implemented by trio-kubelet, ignored: %s",
+            what,
             path,
             ", ".join(unsupported),
         )
@@ -759,10 +818,19 @@ def apply_flag_overrides(
 
 
 def load_config(
-    config_file: Path | None = None, overrides: Mapping[str, tuple[str, Any]] | None = None
+    config_file: Path | None = None,
+    overrides: Mapping[str, tuple[str, Any]] | None = None,
+    config_dir: Path | None = None,
 ) -> KubeletConfiguration:
-    """The configuration from a file (or the defaults), with flag overrides applied."""
-    config = load_config_file(config_file) if config_file is not None else KubeletConfiguration()
+    """The configuration as the Go kubelet builds it: the file (or the defaults), then each
+    ``--config-dir`` drop-in over it, then the flags over everything."""
+    data: dict[str, Any] = {"apiVersion": API_VERSION, "kind": KIND}
+    config = KubeletConfiguration()
+    if config_file is not None:
+        data = _read_document(config_file, "config file")
+        config = _validated(data, config_file, "config file")
+    if config_dir is not None:
+        config = _with_drop_ins(data, config, config_dir)
     return apply_flag_overrides(config, overrides) if overrides else config
 
 
@@ -917,6 +985,7 @@ class AgentOptions:
 def build_agent_options(
     *,
     config_file: Path | None = None,
+    config_dir: Path | None = None,
     overrides: Mapping[str, tuple[str, Any]] | None = None,
     root_dir: Path = DEFAULT_ROOT_DIR,
     hostname_override: str | None = None,
@@ -932,7 +1001,7 @@ def build_agent_options(
     container_gc: GCPolicy | None = None,
 ) -> AgentOptions:
     """Load and check everything; raises :class:`ConfigError` naming the field or flag."""
-    config = load_config(config_file, overrides)
+    config = load_config(config_file, overrides, config_dir)
     return AgentOptions(
         config=config,
         node_name=resolve_node_name(hostname_override),
