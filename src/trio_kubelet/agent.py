@@ -24,6 +24,7 @@ from trio_kubelet.apiserver.services import ServiceCache
 from trio_kubelet.apiserver.tokens import TokenSource
 from trio_kubelet.clock import TrioWallClock
 from trio_kubelet.config import AgentOptions, KubeletConfiguration
+from trio_kubelet.core.log_rotation import RotationPolicy
 from trio_kubelet.core.observed import RuntimePodStatus
 from trio_kubelet.core.pod_cgroups import KUBEPODS, cgroup_path, kubepods_config
 from trio_kubelet.core.pod_dns import (
@@ -42,6 +43,7 @@ from trio_kubelet.images.manager import ImageManager
 from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.pod import Pod
+from trio_kubelet.model.quantity import parse_quantity
 from trio_kubelet.node.machine import read_machine_facts
 from trio_kubelet.node.manager import NodeManager, NodePressure, RuntimeProbe
 from trio_kubelet.node.registration import (
@@ -57,6 +59,7 @@ from trio_kubelet.probes.prober import Prober
 from trio_kubelet.probes.results import ProbeResults
 from trio_kubelet.reconcile.container_gc import CONTAINER_GC_PERIOD, ContainerGC
 from trio_kubelet.reconcile.container_setup import NodeFacts
+from trio_kubelet.reconcile.log_rotation import LOG_MONITOR_PERIOD, ContainerLogRotation
 from trio_kubelet.reconcile.loop import SyncLoop
 from trio_kubelet.reconcile.start_order import StartOrder
 from trio_kubelet.reconcile.stop_order import StopOrder
@@ -122,8 +125,8 @@ class AgentHost:
     ``open_runtime``/``open_api`` (None: `open_cri_client`, `open_api_client`) open the CRI
     and API-server clients; ``machine`` is the Node's machine (None: read the host);
     ``host_resources`` False leaves the host alone: no QoS cgroups, no OOM watcher, no
-    cgroup/filesystem sampling, eviction or image GC, no pod volumes on disk, no
-    systemd-logind; ``serve`` runs the kubelet's HTTP servers; ``signals`` handles
+    cgroup/filesystem sampling, eviction, image GC or container log rotation, no pod volumes
+    on disk, no systemd-logind; ``serve`` runs the kubelet's HTTP servers; ``signals`` handles
     SIGINT/SIGTERM (else the caller cancels).
     """
 
@@ -474,6 +477,17 @@ async def run_container_gc(
     return gc
 
 
+async def run_log_rotation(nursery: trio.Nursery, deps: Deps) -> None:
+    """Running containers' logs rotated at containerLogMaxSize, containerLogMaxFiles kept."""
+    config = deps.config
+    policy = RotationPolicy(max_size=int(parse_quantity(config.container_log_max_size)),
+                            max_files=config.container_log_max_files)
+    rotation = ContainerLogRotation(deps.client, policy, pod_logs_dir=Path(config.pod_logs_dir),
+                                    clock=deps.clock.now, period=LOG_MONITOR_PERIOD,
+                                    recorder=deps.recorder)
+    await nursery.start(rotation.run)
+
+
 async def run_node_stats(nursery: trio.Nursery, deps: Deps) -> NodeStats:
     """The sampler (cgroups, /proc, statvfs), pod volume figures and the OOM watcher."""
     options, config = deps.options, deps.config
@@ -738,6 +752,8 @@ async def run_node(
     if deps.host.host_resources:  # process-wide: one hollow process runs many nodes
         nursery.start_soon(trim_heap_forever)
     container_gc = await run_container_gc(nursery, deps, loop, qos)
+    if deps.host.host_resources:  # a hollow node's fake runtime writes no container output
+        await run_log_rotation(nursery, deps)
     stats = await run_node_stats(nursery, deps)
     eviction = await run_eviction(nursery, deps, start.eviction, loop, stats,
                                   NodeReclaimers(container_gc, images.gc))

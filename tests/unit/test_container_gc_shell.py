@@ -119,12 +119,17 @@ async def test_a_pass_keeps_the_newest_dead_instance_and_the_running_one(
         n.existing = {WEB}
         ids = await n.instances(WEB, "web", await n.sandbox(WEB, "web"), 5, last_running=True)
         assert log_files(n.log_dir(WEB, "web")) == [f"{i}.log" for i in range(5)]
+        main = n.log_dir(WEB, "web") / "main"
+        for rotated in ("0.log.20261128-100000.gz", "0.log.20261128-100100", "3.log.20261128-1"):
+            (main / rotated).write_text("rotated\n")
 
         result = await n.gc().collect()
 
         assert n.ids(WEB) == ids[3:], "the previous instance (for --previous) and the current"
         assert (result.dead, result.containers, result.sandboxes) == (4, 3, 0)
         assert log_files(n.log_dir(WEB, "web")) == ["3.log", "4.log"], "removed with them"
+        assert sorted(p.name for p in main.glob("*.log.*")) == ["3.log.20261128-1"], (
+            "a removed instance's rotated logs go with it")
         assert (await n.gc().collect()).containers == 0
 
 

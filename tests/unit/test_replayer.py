@@ -476,6 +476,7 @@ def test_check_passes_on_a_real_recording(
     assert out.splitlines()[-1] == (
         f"replay OK: {result.decisions} decisions, {result.admissions} admissions, "
         f"{result.evictions} evictions, {result.gc_passes} GC passes, "
+        f"{result.log_rotations} log rotations, "
         f"{result.gates} gates, {result.statuses} pod statuses re-checked, no divergence"
     )
     assert "s  init-n1_default  create sandbox (attempt 0); start init-1\n" in out

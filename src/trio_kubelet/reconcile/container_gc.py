@@ -42,7 +42,7 @@ from trio_kubelet.runtime.labels import (
     RESTART_COUNT,
 )
 
-__all__ = ["CONTAINER_GC_PERIOD", "ContainerGC", "GCResult"]
+__all__ = ["CONTAINER_GC_PERIOD", "ContainerGC", "GCResult", "listed_container"]
 
 log = logging.getLogger("trio_kubelet.container_gc")
 
@@ -170,7 +170,7 @@ class ContainerGC:
     async def _plan(self) -> tuple[GCPlan, set[str]]:
         """The plan, and the UIDs of every pod the runtime holds something of."""
         sandboxes = [_gc_sandbox(s) for s in await self._client.list_pod_sandbox_brief()]
-        containers = [_gc_container(c) for c in await self._client.list_containers_brief()]
+        containers = [listed_container(c) for c in await self._client.list_containers_brief()]
         log_dirs = _pod_log_dirs(self._pod_logs_dir)  # one small directory: not worth a thread
         # Read last, so a pod added while the runtime was listed counts as existing.
         ready = self._sources_ready()
@@ -245,17 +245,19 @@ class ContainerGC:
                 self._removed(container, result)
 
     def _removed(self, container: GCContainer, result: GCResult) -> None:
-        """Count a removed container and remove its log file, which the runtime leaves."""
+        """Count a removed container and remove its log files, which the runtime leaves:
+        the live one and those log rotation made of it (``<n>.log.<stamp>[.gz]``)."""
         result.containers += 1
         if not container.log_path:
             return
         path = self._pod_logs_dir / container.log_path
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as err:
-            log.warning("Container GC: removing log file %s failed: %s", path, err)
+        for log_file in (path, *path.parent.glob(f"{path.name}.*")):
+            try:
+                os.unlink(log_file)
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                log.warning("Container GC: removing log file %s failed: %s", log_file, err)
 
     def _remove_log_dirs(self, names: Iterable[str], result: GCResult) -> None:
         for name in names:
@@ -321,7 +323,8 @@ def _by_sandbox(plan: GCPlan) -> tuple[dict[str, list[GCContainer]], list[GCCont
     return with_sandbox, alone
 
 
-def _gc_container(c: upb.Container) -> GCContainer:
+def listed_container(c: upb.Container) -> GCContainer:
+    """A container as ListContainers gives it, its log path worked out from its labels."""
     labels, meta, created_at = c.labels, c.metadata, c.created_at
     uid, name = labels.get(POD_UID, ""), meta.name or labels.get(CONTAINER_NAME, "")
     pod, namespace = labels.get(POD_NAME), labels.get(POD_NAMESPACE)

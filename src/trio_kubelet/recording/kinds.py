@@ -20,7 +20,9 @@ from trio_kubelet.model.pod import Pod, PodStatus
 
 R = TypeVar("R", bound=BaseModel)
 
-Counter = Literal["decisions", "statuses", "admissions", "evictions", "gc_passes", "gates"]
+Counter = Literal[
+    "decisions", "statuses", "admissions", "evictions", "gc_passes", "log_rotations", "gates"
+]
 
 
 class BadRecord(Exception):

@@ -1,4 +1,5 @@
-"""The node-wide decision kinds: the eviction manager's verdict and choices, and the GC passes.
+"""The node-wide decision kinds: the eviction manager's verdict and choices, the GC passes and
+container log rotations.
 
 Each kind is the one place that says how the shell records it (the wrapper the eviction
 manager or a garbage collector calls instead of the bare pure function), how replay
@@ -44,6 +45,7 @@ from trio_kubelet.core.image_gc import (
     eviction_order,
     expired_images,
 )
+from trio_kubelet.core.log_rotation import RotationPlan, RotationPolicy, plan_rotation
 from trio_kubelet.core.observed import ContainerState, SandboxState
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.recording.kinds import BadRecord, DecisionKind, Replay
@@ -53,6 +55,7 @@ from trio_kubelet.recording.records import (
     ContainerGCRecord,
     EvictionRecord,
     ImageGCRecord,
+    LogRotationRecord,
     StorageEvictionRecord,
 )
 
@@ -393,6 +396,58 @@ class ImageGCPass(DecisionKind[ImageGCRecord]):
         summary = f"image GC: remove {len(expired)} for age, {len(removals)} for space"
         diverged = cls.compare(replay, NODE,
                                "the replayed image GC choice differs from the recorded one",
+                               recorded, replayed)
+        replay.trace(NODE, "", summary, diverged=diverged)
+
+
+class LogRotation(DecisionKind[LogRotationRecord]):
+    """What rotating one container log removes, compresses and renames
+    (``core.log_rotation.plan_rotation``); only logs at the rotation size are recorded."""
+
+    record = LogRotationRecord
+
+    @staticmethod
+    def decide(
+        recorder: Recorder | None, log: str, size: int, siblings: Collection[str],
+        policy: RotationPolicy, stamp: str,
+    ) -> RotationPlan | None:
+        """``plan_rotation`` of the log at ``log`` (relative to the pod logs directory)."""
+        name = log.rsplit("/", 1)[-1]
+        plan = plan_rotation(name, size, siblings, policy, stamp)
+        if recorder is None or not policy.enabled or size < policy.max_size:
+            return plan
+        t = trio.current_time()
+        recorder.add(lambda: LogRotationRecord(
+            t=t, log=log, size=size, siblings=sorted(siblings),
+            policy=(policy.max_size, policy.max_files), stamp=stamp,
+            removed=list(plan.remove) if plan else [],
+            compressed=list(plan.compress) if plan else [],
+            rotate_to=plan.rotate_to if plan else None,
+        ))
+        return plan
+
+    @classmethod
+    def replay(cls, replay: Replay, record: LogRotationRecord) -> None:
+        """Re-plan a rotation from the log's size and the names beside it."""
+        if not replay.shows(None):
+            return
+        replay.count("log_rotations")
+        name = record.log.rsplit("/", 1)[-1]
+        plan = plan_rotation(name, record.size, record.siblings,
+                             RotationPolicy(*record.policy), record.stamp)
+        removed = list(plan.remove) if plan else []
+        compressed = list(plan.compress) if plan else []
+        rotate_to = plan.rotate_to if plan else None
+        recorded = {"removed": record.removed, "compressed": record.compressed,
+                    "rotate_to": record.rotate_to}
+        replayed = {"removed": removed, "compressed": compressed, "rotate_to": rotate_to}
+        summary = (
+            f"log rotation {record.log}: remove {len(removed)}, compress {len(compressed)}, "
+            f"rename to {rotate_to}"
+            if rotate_to else f"log rotation {record.log}: waits (a file of the new name exists)"
+        )
+        diverged = cls.compare(replay, NODE,
+                               "the replayed log rotation differs from the recorded one",
                                recorded, replayed)
         replay.trace(NODE, "", summary, diverged=diverged)
 

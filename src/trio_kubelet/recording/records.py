@@ -214,6 +214,26 @@ class ImageGCRecord(_Record):
     removals: list[str]
 
 
+class LogRotationRecord(_Record):
+    """A container log that reached the rotation size: the inputs of
+    ``core.log_rotation.plan_rotation`` and the plan.
+
+    ``log`` is the live log's path relative to the pod logs directory; ``siblings`` the
+    names in its directory; ``policy`` [max_size, max_files]; ``stamp`` the new name's
+    suffix (the wall clock, formatted). ``rotate_to`` is None when the plan waited.
+    """
+
+    kind: Literal["log_rotation"] = "log_rotation"
+    log: str
+    size: int
+    siblings: list[str]
+    policy: tuple[int, int]
+    stamp: str
+    removed: list[str]
+    compressed: list[str]
+    rotate_to: str | None
+
+
 class StatusRecord(_Record):
     """A pod status the worker published, with the inputs it was decided from.
 
@@ -291,6 +311,7 @@ Record = Annotated[
     | StorageEvictionRecord
     | ContainerGCRecord
     | ImageGCRecord
+    | LogRotationRecord
     | StatusRecord
     | TeardownRecord,
     Field(discriminator="kind"),

@@ -13,6 +13,7 @@ from trio_kubelet.recording.node_decisions import (
     ContainerGCPass,
     Evict,
     ImageGCPass,
+    LogRotation,
     StorageEviction,
 )
 from trio_kubelet.recording.pod_decisions import Admission, PodStatusDecision, PodSync
@@ -21,6 +22,6 @@ KINDS: Mapping[type[BaseModel], type[DecisionKind[Any]]] = {
     kind.record: kind
     for kind in (
         PodSync, PodStatusDecision, Admission,
-        Assess, Evict, StorageEviction, ContainerGCPass, ImageGCPass,
+        Assess, Evict, StorageEviction, ContainerGCPass, ImageGCPass, LogRotation,
     )
 }

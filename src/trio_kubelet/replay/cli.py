@@ -142,6 +142,7 @@ def replay_main(args: argparse.Namespace) -> int:
         print(
             f"replay OK: {result.decisions} decisions, {result.admissions} admissions, "
             f"{result.evictions} evictions, {result.gc_passes} GC passes, "
+            f"{result.log_rotations} log rotations, "
             f"{result.gates} gates, {result.statuses} pod statuses re-checked, no divergence",
             file=out,
         )

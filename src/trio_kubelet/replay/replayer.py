@@ -78,6 +78,7 @@ class ReplayResult:
     admissions: int = 0
     evictions: int = 0
     gc_passes: int = 0  # container and image GC passes that removed something
+    log_rotations: int = 0  # container logs at the rotation size
     gates: int = 0
     divergences: int = 0
     divergence: Divergence | None = None  # the first one

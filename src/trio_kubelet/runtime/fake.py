@@ -900,6 +900,9 @@ class FakeRuntime:
         self._settle(container)
         if container.state != RUNNING:
             _fail("ReopenContainerLog", StatusCode.UNKNOWN, "container is not running")
+        if container.log_path:  # as containerd: the output goes on in a new file of that name
+            with contextlib.suppress(OSError):
+                open(container.log_path, "a").close()
         return v1.ReopenContainerLogResponse()
 
     def _running(self, method: str, id: str) -> _Container:
