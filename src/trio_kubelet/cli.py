@@ -280,6 +280,21 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
         "--tls-private-key-file", "tlsPrivateKeyFile", str, "key of --tls-cert-file", "FILE"
     ),
     ConfigFlag(
+        "--tls-min-version",
+        "tlsMinVersion",
+        str,
+        "lowest TLS version served: VersionTLS10 … VersionTLS13 (default VersionTLS12)",
+        "VERSION",
+    ),
+    ConfigFlag(
+        "--tls-cipher-suites",
+        "tlsCipherSuites",
+        _list,
+        "TLS 1.2 cipher suites served, Go's names, comma-separated (default: ECDHE with AES-GCM "
+        "or ChaCha20)",
+        "SUITES",
+    ),
+    ConfigFlag(
         "--client-ca-file",
         "authentication.x509.clientCAFile",
         str,
@@ -557,8 +572,6 @@ GO_ONLY_FLAGS = (
     "--storage-driver-user",
     "--system-cgroups",
     "--system-reserved-cgroup",
-    "--tls-cipher-suites",
-    "--tls-min-version",
     "--topology-manager-policy",
     "--topology-manager-policy-options",
     "--topology-manager-scope",

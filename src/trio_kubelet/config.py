@@ -73,8 +73,7 @@ _NODE_ALLOCATABLE_KEYS = frozenset(
 # KubeletConfiguration fields of the Go kubelet that this agent does not implement:
 # accepted without complaint (an operator's existing file must load) and listed once.
 GO_ONLY_FIELDS = _words(
-    """enableServer volumePluginDir providerID tlsCipherSuites tlsMinVersion
-    imagePullCredentialsVerificationPolicy
+    """enableServer volumePluginDir providerID imagePullCredentialsVerificationPolicy
     preloadedImagesVerificationAllowlist eventRecordQPS eventBurst enableDebuggingHandlers
     enableContentionProfiling oomScoreAdj
     kubeletCgroups systemCgroups cpuManagerPolicy
@@ -213,6 +212,57 @@ OptionalPort = Annotated[int, _range(0, 65535)]
 Percent = Annotated[int, _range(0, 100)]
 NonNegative = Annotated[int, BeforeValidator(_non_negative)]
 IPAddress = Annotated[str, BeforeValidator(_ip_address)]
+# tlsMinVersion's values, as Go's crypto/tls names them.
+TLS_VERSIONS = ("VersionTLS10", "VersionTLS11", "VersionTLS12", "VersionTLS13")
+# tlsCipherSuites' values (Go's crypto/tls names; the IANA ones) and OpenSSL's name of each.
+# TLS 1.3 suites have none: as in Go, TLS 1.3 always offers its own three.
+TLS_CIPHER_SUITES: Mapping[str, str | None] = {
+    "TLS_AES_128_GCM_SHA256": None,
+    "TLS_AES_256_GCM_SHA384": None,
+    "TLS_CHACHA20_POLY1305_SHA256": None,
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256": "ECDHE-ECDSA-AES128-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_RC4_128_SHA": "ECDHE-ECDSA-RC4-SHA",
+    "TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA": "ECDHE-RSA-DES-CBC3-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA256": "ECDHE-RSA-AES128-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_RSA_WITH_RC4_128_SHA": "ECDHE-RSA-RC4-SHA",
+    "TLS_RSA_WITH_3DES_EDE_CBC_SHA": "DES-CBC3-SHA",
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_128_CBC_SHA256": "AES128-SHA256",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_RSA_WITH_RC4_128_SHA": "RC4-SHA",
+}
+
+
+def _tls_version(value: Any) -> Any:
+    if isinstance(value, str) and value and value not in TLS_VERSIONS:
+        raise ValueError(
+            f"{json.dumps(value)} is not a TLS version (expected one of {', '.join(TLS_VERSIONS)})"
+        )
+    return value
+
+
+def _cipher_suites(value: Any) -> Any:
+    if isinstance(value, list):
+        for index, name in enumerate(value):
+            if name not in TLS_CIPHER_SUITES:
+                raise ValueError(f"[{index}]: unknown cipher suite {json.dumps(name)}")
+    return value
+
+
 Quantity = Annotated[str, BeforeValidator(_quantity)]
 ThresholdMap = Annotated[dict[str, str], BeforeValidator(_threshold_map)]
 
@@ -400,6 +450,11 @@ class KubeletConfiguration(_ConfigModel):
     healthz_bind_address: IPAddress = "127.0.0.1"
     tls_cert_file: str = ""
     tls_private_key_file: str = ""
+    # The serving TLS floor and TLS 1.2 suites; empty: TLS 1.2, forward-secret AEAD suites.
+    tls_min_version: Annotated[str, BeforeValidator(_tls_version)] = Field(
+        default="", alias="tlsMinVersion")
+    tls_cipher_suites: Annotated[list[str], BeforeValidator(_cipher_suites)] = Field(
+        default_factory=list, alias="tlsCipherSuites")
     # Renew the client certificate from the cluster before it expires (CSRs).
     rotate_certificates: bool = False
     # Serve 10250 with a certificate the cluster issues (kubernetes.io/kubelet-serving CSRs),
@@ -516,6 +571,8 @@ class KubeletConfiguration(_ConfigModel):
             raise ValueError(
                 "maxParallelImagePulls: cannot be larger than 1 unless serializeImagePulls is false"
             )
+        if self.tls_min_version == "VersionTLS13" and self.tls_cipher_suites:
+            raise ValueError("tlsCipherSuites: may not be set if tlsMinVersion is VersionTLS13")
         if self.container_log_max_files < 2:
             raise ValueError(
                 f"containerLogMaxFiles: must be 2 or greater (got {self.container_log_max_files})"

@@ -264,11 +264,11 @@ def test_unknown_fields_warn_by_name_and_are_ignored(
 def test_go_fields_we_do_not_implement_are_not_warned_about(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = write_config(tmp_path, "tlsMinVersion: VersionTLS12\npodCIDR: 10.0.0.0/24\n")
+    path = write_config(tmp_path, "seccompDefault: true\npodCIDR: 10.0.0.0/24\n")
     with caplog.at_level(logging.INFO, logger="trio_kubelet.config"):
         load_config_file(path)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert any("tlsMinVersion, podCIDR" in r.getMessage() for r in caplog.records)
+    assert any("seccompDefault, podCIDR" in r.getMessage() for r in caplog.records)
 
 
 # --- invalid files: one line, naming the field ----------------------------------------------

@@ -53,7 +53,7 @@ def test_log_and_storage_flags_act_others_are_named(
             "--container-log-max-size=20Mi",
             "--container-log-max-files", "3",
             "--local-storage-capacity-isolation=false",
-            "--tls-min-version=VersionTLS12",
+            "--max-open-files=1000000",
             "--oom-score-adj", "-999",
             "--seccomp-default",
             "--vmodule=sync=4",
@@ -63,8 +63,8 @@ def test_log_and_storage_flags_act_others_are_named(
     assert (config.container_log_max_size, config.container_log_max_files) == ("20Mi", 3)
     assert config.local_storage_capacity_isolation is False
     assert caplog.messages == [
-        "Go kubelet flag(s) not implemented by trio-kubelet, ignored: --oom-score-adj, "
-        "--seccomp-default, --tls-min-version, --vmodule"
+        "Go kubelet flag(s) not implemented by trio-kubelet, ignored: --max-open-files, "
+        "--oom-score-adj, --seccomp-default, --vmodule"
     ]
 
 

@@ -13,22 +13,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 import trustme
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from cryptography.x509.verification import PolicyBuilder, Store
 from OpenSSL import SSL
 
+from tests.unit import test_openssl_stream
+from tests.unit.test_openssl_stream import PKI, client_ctx, tcp_pair
 from trio_kubelet.config import AgentOptions, KubeletConfiguration
 from trio_kubelet.server.self_signed import generate_self_signed
 from trio_kubelet.server.tls import (
+    TLS12_CIPHERS,
     ServingCertificate,
     TLSConfigError,
+    TLSSettings,
     ensure_serving_certificate,
+    server_stream,
     server_tls_context,
 )
 
 UTC = datetime.UTC
+pki = test_openssl_stream.pki  # the server certificate and client CA fixture
 
 
 def options(root: Path, **wire: Any) -> AgentOptions:
@@ -168,3 +175,89 @@ def test_the_pair_cannot_be_written_names_the_directory(tmp_path: Path) -> None:
     with pytest.raises(TLSConfigError,
                        match=r"^cannot write the self-signed serving certificate to .*file/pki"):
         ensure_serving_certificate(given)
+
+
+# --- tlsMinVersion and tlsCipherSuites, on a real handshake with either TLS library ---------
+
+
+def settings(**wire: Any) -> TLSSettings:
+    return TLSSettings.of(KubeletConfiguration.model_validate(wire))
+
+
+async def agreed(pki: PKI, tls: TLSSettings, client_certs: bool, *,
+                 max_version: ssl.TLSVersion = ssl.TLSVersion.MAXIMUM_SUPPORTED,
+                 ciphers: str | None = None) -> tuple[str, str] | None:
+    """(protocol, suite) a client that goes up to ``max_version`` (and offers only
+    ``ciphers`` below TLS 1.3) agrees on with the server; None if the handshake fails."""
+    context = server_tls_context(ServingCertificate(pki.cert_file, pki.key_file),
+                                 str(pki.client_ca_file) if client_certs else None, tls)
+    client_context = client_ctx(pki)
+    client_context.maximum_version = max_version
+    if ciphers is not None:
+        client_context.set_ciphers(ciphers)
+    server_tcp, client_tcp = await tcp_pair()
+    server = server_stream(server_tcp, context)
+    client = trio.SSLStream(client_tcp, client_context, server_hostname="127.0.0.1")
+    outcome: list[tuple[str, str] | None] = []
+
+    async def serve() -> None:
+        try:
+            await server.do_handshake()
+        except trio.BrokenResourceError:
+            await server_tcp.aclose()  # as the server does with a failed handshake
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        try:
+            with trio.fail_after(10):
+                await client.do_handshake()
+        except trio.BrokenResourceError:
+            outcome.append(None)
+        else:
+            cipher = client.cipher()
+            assert cipher is not None
+            outcome.append((cipher[1], cipher[0]))
+        await client_tcp.aclose()
+        await server_tcp.aclose()
+    return outcome[0]
+
+
+@pytest.mark.parametrize("client_certs", [False, True], ids=["ssl", "pyopenssl"])
+async def test_tls_min_version_is_the_floor(pki: PKI, client_certs: bool) -> None:
+    tls12 = ssl.TLSVersion.TLSv1_2
+    default = settings()
+    assert (await agreed(pki, default, client_certs, max_version=tls12) or ("",))[0] == "TLSv1.2"
+    floor13 = settings(tlsMinVersion="VersionTLS13")
+    assert await agreed(pki, floor13, client_certs, max_version=tls12) is None
+    assert (await agreed(pki, floor13, client_certs) or ("",))[0] == "TLSv1.3"
+
+
+@pytest.mark.parametrize("client_certs", [False, True], ids=["ssl", "pyopenssl"])
+async def test_tls_cipher_suites_are_the_only_ones_below_tls13(
+    pki: PKI, client_certs: bool
+) -> None:
+    tls12 = ssl.TLSVersion.TLSv1_2
+    aes128 = settings(tlsCipherSuites=["TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+                                       "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"])
+    protocol, suite = await agreed(pki, aes128, client_certs, max_version=tls12) or ("", "")
+    assert protocol == "TLSv1.2" and suite.endswith("AES128-GCM-SHA256"), suite
+    assert await agreed(pki, aes128, client_certs, max_version=tls12,
+                        ciphers="ECDHE+AES256:ECDHE+CHACHA20") is None
+    # TLS 1.3 keeps its own suites, as in Go.
+    assert (await agreed(pki, aes128, client_certs) or ("",))[0] == "TLSv1.3"
+
+
+def test_tls_settings_from_the_configuration() -> None:
+    assert settings() == TLSSettings("VersionTLS12", TLS12_CIPHERS)
+    assert settings(tlsCipherSuites=["TLS_RSA_WITH_AES_128_CBC_SHA", "TLS_AES_128_GCM_SHA256",
+                                     "TLS_RSA_WITH_AES_128_CBC_SHA"]).ciphers == "AES128-SHA"
+    assert settings(tlsCipherSuites=["TLS_AES_256_GCM_SHA384"]) == TLSSettings(
+        "VersionTLS13", TLS12_CIPHERS), "TLS 1.3 suites only: only TLS 1.3 can be agreed on"
+    with pytest.raises(ValueError, match=r"tlsCipherSuites\n.*\[1\]: unknown cipher suite"):
+        KubeletConfiguration.model_validate(
+            {"tlsCipherSuites": ["TLS_AES_128_GCM_SHA256", "TLS_NULL"]})
+    with pytest.raises(ValueError, match=r"tlsMinVersion\n.*is not a TLS version"):
+        KubeletConfiguration.model_validate({"tlsMinVersion": "TLS1.2"})
+    with pytest.raises(ValueError, match="may not be set if tlsMinVersion is VersionTLS13"):
+        KubeletConfiguration.model_validate(
+            {"tlsMinVersion": "VersionTLS13", "tlsCipherSuites": ["TLS_RSA_WITH_AES_128_CBC_SHA"]})

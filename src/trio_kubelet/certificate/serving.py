@@ -45,6 +45,7 @@ from trio_kubelet.server.tls import (
     ServingCertificate,
     ServingContext,
     TLSConfigError,
+    TLSSettings,
     server_tls_context,
 )
 
@@ -104,7 +105,7 @@ class ServingCertificateManager(RotatedCertificate):
         return None, None
 
     def _tls_context(self, cert: ServingCertificate) -> ServerContext:
-        return server_tls_context(cert, self.client_ca)
+        return server_tls_context(cert, self.client_ca, TLSSettings.of(self.options.config))
 
     async def run(self) -> None:
         addresses = await trio.to_thread.run_sync(self.addresses)

@@ -58,19 +58,29 @@ def _verify(conn: SSL.Connection, cert: crypto.X509, errnum: int, depth: int, ok
     return True
 
 
+_VERSIONS = {
+    "VersionTLS10": SSL.TLS1_VERSION,
+    "VersionTLS11": SSL.TLS1_1_VERSION,
+    "VersionTLS12": SSL.TLS1_2_VERSION,
+    "VersionTLS13": SSL.TLS1_3_VERSION,
+}
+
+
 def server_context(cert_file: str | PathLike[str], key_file: str | PathLike[str], *,
                    client_ca_file: str | PathLike[str] | None = None,
-                   alpn: Sequence[str] = ALPN_PROTOCOLS) -> SSL.Context:
-    """TLS >= 1.2 serving ``cert_file``; with ``client_ca_file``, client certificates are
-    requested (not required) and checked against it, failures kept, never fatal.
+                   alpn: Sequence[str] = ALPN_PROTOCOLS, min_version: str = "VersionTLS12",
+                   ciphers: str = TLS12_CIPHERS) -> SSL.Context:
+    """TLS >= ``min_version`` (Go's name) with the OpenSSL suite list ``ciphers`` below TLS 1.3,
+    serving ``cert_file``; with ``client_ca_file``, client certificates are requested (not
+    required) and checked against it, failures kept, never fatal.
 
     Unreadable or mismatched files raise ``OpenSSL.SSL.Error`` or ``OSError``
     (``ValueError`` for a CA file that OpenSSL loads but cryptography cannot parse).
     """
     context = SSL.Context(SSL.TLS_SERVER_METHOD)
-    context.set_min_proto_version(SSL.TLS1_2_VERSION)
+    context.set_min_proto_version(_VERSIONS[min_version])
     context.set_options(SSL.OP_NO_COMPRESSION | SSL.OP_NO_RENEGOTIATION)
-    context.set_cipher_list(TLS12_CIPHERS.encode())
+    context.set_cipher_list(ciphers.encode())
     # Needed for session resumption once client certificates are requested.
     context.set_session_id(b"trio-kubelet")
     context.use_certificate_chain_file(cert_file)

@@ -36,6 +36,7 @@ from trio_kubelet.server.tls import (
     ServerStream,
     ServingContext,
     TLSConfigError,
+    TLSSettings,
     ensure_serving_certificate,
     server_stream,
     server_tls_context,
@@ -257,7 +258,7 @@ async def run_servers(view: NodeView, blueprints_full: Sequence[Blueprint],
     if tls_context is None:
         try:
             cert = await trio.to_thread.run_sync(ensure_serving_certificate, options)
-            tls_context = server_tls_context(cert, client_ca)
+            tls_context = server_tls_context(cert, client_ca, TLSSettings.of(options.config))
         except TLSConfigError as exc:
             raise ServerStartError(f"kubelet server: {exc}") from None
     servers = _servers(view, blueprints_full, blueprints_read_only, tls_context, authenticator,

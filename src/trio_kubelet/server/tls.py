@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import trio
 
 import trio_kubelet
-from trio_kubelet.config import AgentOptions
+from trio_kubelet.config import TLS_CIPHER_SUITES, AgentOptions, KubeletConfiguration
 
 if TYPE_CHECKING:
     from OpenSSL import SSL
@@ -40,6 +40,7 @@ __all__ = [
     "ServingCertificate",
     "ServingContext",
     "TLSConfigError",
+    "TLSSettings",
     "ensure_serving_certificate",
     "server_stream",
     "server_tls_context",
@@ -50,6 +51,35 @@ TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 # HTTP/1.1 only: the kubelet's server speaks no HTTP/2 (asgi_server); a client that offers h2
 # falls back, as Go's does.
 ALPN_PROTOCOLS = ("http/1.1",)
+
+
+
+@dataclass(frozen=True)
+class TLSSettings:
+    """tlsMinVersion (Go's name) and the OpenSSL suite list tlsCipherSuites makes for
+    TLS 1.2 and below; the defaults are the agent's without them."""
+
+    min_version: str = "VersionTLS12"
+    ciphers: str = TLS12_CIPHERS
+
+    @classmethod
+    def of(cls, config: KubeletConfiguration) -> TLSSettings:
+        """From the configuration. Suites given but none below TLS 1.3: as in Go, only TLS 1.3
+        can be agreed on, so that is the floor."""
+        floor = config.tls_min_version or cls.min_version
+        if not config.tls_cipher_suites:
+            return cls(floor)
+        ciphers = [TLS_CIPHER_SUITES[name] for name in config.tls_cipher_suites]
+        openssl = ":".join(dict.fromkeys(name for name in ciphers if name))
+        return cls(floor, openssl) if openssl else cls("VersionTLS13")
+
+
+_STDLIB_VERSIONS = {
+    "VersionTLS10": ssl.TLSVersion.TLSv1,
+    "VersionTLS11": ssl.TLSVersion.TLSv1_1,
+    "VersionTLS12": ssl.TLSVersion.TLSv1_2,
+    "VersionTLS13": ssl.TLSVersion.TLSv1_3,
+}
 
 # The standard library's (no client certificates), or pyOpenSSL's (clientCAFile); and the
 # streams they make.
@@ -123,13 +153,17 @@ def ensure_serving_certificate(options: AgentOptions) -> ServingCertificate:
     return cert
 
 
-def _stdlib_context(cert: ServingCertificate) -> ssl.SSLContext:
+def _stdlib_context(cert: ServingCertificate, settings: TLSSettings) -> ssl.SSLContext:
     """The same protocol floor, options, suites and ALPN as ``openssl_stream.server_context``;
     no client certificate is asked for."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.minimum_version = _STDLIB_VERSIONS[settings.min_version]
     context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_NO_RENEGOTIATION
-    context.set_ciphers(TLS12_CIPHERS)
+    try:
+        context.set_ciphers(settings.ciphers)
+    except ssl.SSLError:
+        raise TLSConfigError(f"tlsCipherSuites: this OpenSSL has none of {settings.ciphers}"
+                             ) from None
     context.set_alpn_protocols(list(ALPN_PROTOCOLS))
     try:
         context.load_cert_chain(cert.cert_file, cert.key_file)
@@ -143,24 +177,26 @@ def _stdlib_context(cert: ServingCertificate) -> ssl.SSLContext:
                          f"{cert.key_file}: {reason}")
 
 
-def server_tls_context(cert: ServingCertificate, client_ca_file: str | None = None
-                       ) -> ServerContext:
-    """The server context: TLS ≥ 1.2, ALPN http/1.1, and client certificates requested
-    (not required) and checked against ``client_ca_file`` when one is given.
+def server_tls_context(cert: ServingCertificate, client_ca_file: str | None = None,
+                       settings: TLSSettings = TLSSettings()) -> ServerContext:
+    """The server context: ``settings``' TLS floor and suites, ALPN http/1.1, and client
+    certificates requested (not required) and checked against ``client_ca_file`` when one
+    is given.
 
     Only ``client_ca_file`` is trusted for client certificates, never the system store;
     the result of the check goes with the connection to the authenticator.
     """
     if not client_ca_file:
-        return _stdlib_context(cert)
-    _stdlib_context(cert)  # the pair alone first, so that an error names the right field
+        return _stdlib_context(cert, settings)
+    _stdlib_context(cert, settings)  # the pair and suites alone first: an error names the field
     # pyOpenSSL (and cryptography) only when client certificates are asked for: see above.
     from OpenSSL import SSL
 
     from trio_kubelet.server.openssl_stream import server_context
 
     try:
-        return server_context(cert.cert_file, cert.key_file, client_ca_file=client_ca_file)
+        return server_context(cert.cert_file, cert.key_file, client_ca_file=client_ca_file,
+                              min_version=settings.min_version, ciphers=settings.ciphers)
     except (OSError, ValueError, SSL.Error) as exc:
         raise TLSConfigError(f"authentication.x509.clientCAFile: cannot load {client_ca_file}: "
                              f"{_reason(exc, SSL.Error)}") from None
