@@ -23,7 +23,7 @@ from trio_kubelet.apiserver.object_cache import ObjectCache, PodObjects
 from trio_kubelet.apiserver.services import ServiceCache
 from trio_kubelet.apiserver.tokens import TokenSource
 from trio_kubelet.clock import TrioWallClock
-from trio_kubelet.config import AgentOptions, KubeletConfiguration
+from trio_kubelet.config import AgentOptions, ConfigError, KubeletConfiguration
 from trio_kubelet.core.log_rotation import RotationPolicy
 from trio_kubelet.core.observed import RuntimePodStatus
 from trio_kubelet.core.pod_cgroups import KUBEPODS, cgroup_path, kubepods_config
@@ -44,6 +44,7 @@ from trio_kubelet.kube_events import EventRecorder
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.model.quantity import parse_quantity
+from trio_kubelet.node.kernel_tunables import kernel_default_errors, read_proc_sys
 from trio_kubelet.node.machine import read_machine_facts
 from trio_kubelet.node.manager import NodeManager, NodePressure, RuntimeProbe
 from trio_kubelet.node.registration import (
@@ -796,6 +797,9 @@ async def run_agent(
     capacity = machine_capacity(machine, config.max_pods)
     pods_limits = kubepods_limits(options, capacity)
     eviction_config = _eviction_config(config, pods_limits)  # before anything starts
+    protected = config.protect_kernel_defaults and host.host_resources
+    if protected and (errors := kernel_default_errors(read_proc_sys)):
+        raise ConfigError(f"protectKernelDefaults: {'; '.join(errors)}")
     clock, metrics = TrioWallClock(), AgentMetrics(options.node_name)
     recorder = _recorder(options, clock)
     api, certificates = (host.open_api or open_api_client)(options, metrics, clock)

@@ -280,6 +280,12 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
         "--tls-private-key-file", "tlsPrivateKeyFile", str, "key of --tls-cert-file", "FILE"
     ),
     ConfigFlag(
+        "--protect-kernel-defaults",
+        "protectKernelDefaults",
+        _bool,
+        "refuse to start while a kernel setting differs from the kubelet's expected ones",
+    ),
+    ConfigFlag(
         "--tls-min-version",
         "tlsMinVersion",
         str,
@@ -555,7 +561,6 @@ GO_ONLY_FLAGS = (
     "--pod-cidr",
     "--pod-infra-container-image",
     "--pods-per-core",
-    "--protect-kernel-defaults",
     "--provider-id",
     "--qos-reserved",
     "--reserved-cpus",

@@ -81,7 +81,7 @@ GO_ONLY_FIELDS = _words(
     memoryManagerPolicy topologyManagerPolicy topologyManagerScope
     topologyManagerPolicyOptions qosReserved hairpinMode podCIDR
     runOnce cpuCFSQuota cpuCFSQuotaPeriod maxOpenFiles contentType
-    podsPerCore enableControllerAttachDetach protectKernelDefaults makeIPTablesUtilChains
+    podsPerCore enableControllerAttachDetach makeIPTablesUtilChains
     iptablesMasqueradeBit iptablesDropBit failSwapOn memorySwap containerLogMaxWorkers
     containerLogMonitorInterval configMapAndSecretChangeDetectionStrategy reservedSystemCPUs
     showHiddenMetricsForVersion systemReservedCgroup kubeReservedCgroup
@@ -455,6 +455,9 @@ class KubeletConfiguration(_ConfigModel):
         default="", alias="tlsMinVersion")
     tls_cipher_suites: Annotated[list[str], BeforeValidator(_cipher_suites)] = Field(
         default_factory=list, alias="tlsCipherSuites")
+    # Refuse to start while a kernel setting differs from what the Go kubelet expects
+    # (node/kernel_tunables.py); never changes them.
+    protect_kernel_defaults: bool = False
     # Renew the client certificate from the cluster before it expires (CSRs).
     rotate_certificates: bool = False
     # Serve 10250 with a certificate the cluster issues (kubernetes.io/kubelet-serving CSRs),
