@@ -357,7 +357,7 @@ def test_a_self_signed_kubelet_is_refused_by_a_verifying_api_server(
 ) -> None:
     """The other side of --kubelet-certificate-authority: without serverTLSBootstrap the
     kubelet's self-signed certificate does not verify, so logs cannot be fetched."""
-    with bootstrapping_agent(join_control_plane, containerd, tmp_path):
+    with bootstrapping_agent(join_control_plane, containerd, tmp_path) as run:
         api.create(
             PODS,
             pod_manifest(
@@ -365,6 +365,11 @@ def test_a_self_signed_kubelet_is_refused_by_a_verifying_api_server(
             ),
         )
         api.wait(f"{PODS}/unverified", running, timeout=90, what="the pod Running")
+        # The agent's server may start after its first pod runs: wait for its certificate.
+        deadline = time.monotonic() + 30
+        while served_certificate(run.port) is None:
+            assert time.monotonic() < deadline, "10250 serves no certificate"
+            time.sleep(0.5)
         logs = kubectl(clients, join_control_plane, "logs", "unverified")
     assert logs.returncode != 0
     assert "x509" in logs.stderr or "certificate" in logs.stderr, logs.stderr
