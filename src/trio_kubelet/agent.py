@@ -72,6 +72,7 @@ from trio_kubelet.resources.eviction import EvictionConfig, EvictionManager, Nod
 from trio_kubelet.runtime.client import CRIClient, Observer, open_cri_client
 from trio_kubelet.runtime.errors import CRIError
 from trio_kubelet.server.health import pleg_error
+from trio_kubelet.server.listeners import Listeners, bound_servers
 from trio_kubelet.sources.apiserver import API_SOURCE, APIPods, run_api_source
 from trio_kubelet.sources.manifest_url import SOURCE as URL_SOURCE
 from trio_kubelet.sources.manifest_url import run_manifest_url
@@ -676,6 +677,7 @@ async def _serve(
     metrics: AgentMetrics,
     api: APIClient | None,
     serving: ServingCertificateManager | None,
+    listeners: dict[str, Listeners] | None,
     *,
     task_status: trio.TaskStatus[ServerAddresses] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -694,13 +696,13 @@ async def _serve(
     review = ReviewClient(api.http) if api is not None else None
     await run_servers(
         view, full, read_only, metrics=metrics, review=review,
-        serving=serving.context if serving is not None else None, task_status=task_status,
+        serving=serving.context if serving is not None else None, listeners=listeners,
+        task_status=task_status,
     )
 
 
 async def run_server(
-    nursery: trio.Nursery, deps: Deps, loop: SyncLoop, stats: NodeStats,
-    api: APIClient | None, serving: ServingCertificateManager | None,
+    nursery: trio.Nursery, deps: Deps, loop: SyncLoop, stats: NodeStats, start: Startup
 ) -> None:
     """The HTTP servers over a read-only view of the node."""
     from trio_kubelet.server.view import NodeView
@@ -710,7 +712,8 @@ async def run_server(
         last_relist=lambda: loop.last_relist_ok, last_sync_loop=lambda: loop.last_handled,
         latest_sample=lambda: stats.sampler.latest, pod_logs_dir=Path(deps.config.pod_logs_dir),
     )
-    await nursery.start(partial(_serve, view, deps.metrics, api, serving))
+    await nursery.start(partial(_serve, view, deps.metrics, start.api, start.serving,
+                                start.listeners))
 
 
 @dataclass(frozen=True)
@@ -728,6 +731,7 @@ class Startup:
     serving: ServingCertificateManager | None
     shutdown: NodeShutdownManager
     node_shutdown: trio.Event  # set by SIGTERM where it shuts the node down
+    listeners: dict[str, Listeners] | None  # the servers' sockets, bound at the start
 
 
 async def run_node(
@@ -769,7 +773,7 @@ async def run_node(
                           start.shutdown, eviction, start.machine)
         await _run_once_ready(nursery, start.credentials, cluster)
     if deps.host.serve:
-        await run_server(nursery, deps, loop, stats, start.api, start.serving)
+        await run_server(nursery, deps, loop, stats, start)
     if deps.options.show_pods:
         nursery.start_soon(print_pod_changes, deps.store, sys.stdout, deps.clock)
     return loop
@@ -806,7 +810,7 @@ async def run_agent(
     events = EventRecorder(options.node_name, api, clock=clock.now)
     credentials = certificates.ready if certificates is not None else _set(trio.Event())
     send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
-    async with trio.open_nursery() as top:
+    async with bound_servers(config, host.serve) as listeners, trio.open_nursery() as top:
         shutdown = NodeShutdownManager(config, options.node_name, events=events)
         node_shutdown = trio.Event()
         if host.signals:
@@ -816,7 +820,7 @@ async def run_agent(
         top.start_soon(_once_ready, credentials, events.run)
         start = Startup(machine, capacity, pods_limits, eviction_config, api,
                         ClusterObjects.of(api, clock) if api is not None else None,
-                        credentials, serving, shutdown, node_shutdown)
+                        credentials, serving, shutdown, node_shutdown, listeners)
         observer = _observers(cri_observer, metrics.cri_observer,
                               recorder.cri_observer if recorder else None)
         endpoint = config.container_runtime_endpoint

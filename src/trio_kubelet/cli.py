@@ -35,6 +35,7 @@ from trio_kubelet.model.duration import DurationError, parse_duration
 
 PROG = "trio-kubelet"
 EXIT_USAGE = 2
+EXIT_START_FAILED = 1  # the node could not start (a port in use), as the Go kubelet exits
 
 
 class UsageError(Exception):
@@ -913,8 +914,14 @@ def _run(args: argparse.Namespace) -> int:
     gc.freeze()
     # The agent handles SIGINT/SIGTERM itself; a KeyboardInterrupt that still escapes
     # (Ctrl-C before its handler is installed) is a normal way to stop, not a crash.
-    with contextlib.suppress(KeyboardInterrupt):
-        trio.run(agent.run_agent, options)
+    from trio_kubelet.server.listeners import ServerStartError
+
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            trio.run(agent.run_agent, options)
+    except ServerStartError as exc:  # a port in use: before any pod was touched
+        logging.getLogger("trio_kubelet").error("%s", exc)
+        return EXIT_START_FAILED
     return 0
 
 

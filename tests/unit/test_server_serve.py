@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -25,6 +27,7 @@ from trio_kubelet.config import AgentOptions, KubeletConfiguration
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.runtime.client import CRIClient
 from trio_kubelet.server.auth import ReviewClient
+from trio_kubelet.server.listeners import bind_servers
 from trio_kubelet.server.routes_node import node_blueprints
 from trio_kubelet.server.serve import (
     HTTPLimits,
@@ -299,6 +302,41 @@ async def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
         assert addresses.healthz == ("127.0.0.1", port)
 
 
+async def test_a_client_of_the_bound_port_waits_for_the_servers(tmp_path: Path) -> None:
+    """The agent binds at its start and builds the servers later: a client that comes in
+    between is answered once they serve, not refused."""
+    view = make_view(tmp_path, **OPEN, healthzPort=free_port(), healthzBindAddress="127.0.0.1")
+    listeners = await bind_servers(view.options.config)
+    healthz_port = listeners["healthz"][0].socket.getsockname()[1]
+    early = await trio.open_tcp_stream("127.0.0.1", healthz_port)  # nothing serves yet
+    await early.send_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    blueprints = node_blueprints(view, AgentMetrics(), machine_info=MACHINE)
+    async with trio.open_nursery() as nursery:
+        addresses = await nursery.start(partial(
+            run_servers, view, blueprints.full, blueprints.read_only, listeners=listeners))
+        assert addresses.healthz == ("127.0.0.1", healthz_port)
+        with trio.fail_after(10):
+            answer = await read_all(early)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok"), answer
+        nursery.cancel_scope.cancel()
+    with pytest.raises(OSError):  # the servers closed the sockets they were handed
+        await trio.open_tcp_stream("127.0.0.1", healthz_port)
+
+
+async def test_binding_is_all_or_nothing(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        free = free_port()
+        config = make_view(tmp_path, **OPEN, readOnlyPort=free, healthzPort=port).options.config
+        with pytest.raises(ServerStartError, match=f"healthz server: cannot listen on "
+                                                   f"127.0.0.1:{port}: Address already in use"):
+            await bind_servers(config)
+    with socket.socket() as again:  # the read-only port bound before the failure was let go
+        again.bind(("127.0.0.1", free))
+
+
 async def test_cancellation_closes_the_ports(tmp_path: Path) -> None:
     view = make_view(tmp_path, **OPEN)
     async with servers(view) as addresses:
@@ -431,3 +469,25 @@ async def test_the_request_head_limit_is_64_kib(
             answer = await read_all(stream)
         assert answer.startswith(b"HTTP/1.1 " + status + b" "), answer[:60]
         await stream.aclose()
+
+
+def test_the_agent_with_its_port_taken_stops_before_it_touches_the_runtime(
+    tmp_path: Path,
+) -> None:
+    """The ports are bound first: a second kubelet on the same port exits 1 naming the port,
+    without waiting for (or changing anything through) the container runtime."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run(
+            [sys.executable, "-m", "trio_kubelet", "--hostname-override=n", "--address=127.0.0.1",
+             f"--port={port}", "--healthz-port=0", f"--root-dir={tmp_path}",
+             "--container-runtime-endpoint=unix:///nonexistent.sock"],
+            capture_output=True, text=True, timeout=60,
+        )
+    assert run.returncode == 1, run.stderr
+    assert f"kubelet server: cannot listen on 127.0.0.1:{port}: Address already in use" in (
+        run.stderr)
+    assert "Connected to container runtime" not in run.stderr
+    assert "Traceback" not in run.stderr

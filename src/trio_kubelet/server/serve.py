@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -31,6 +31,16 @@ from trio_kubelet.server.auth import Authorizer, RequestAuthenticator, ReviewCli
 from trio_kubelet.server.connections import HTTPLimits, limit_connections, limit_request_head
 from trio_kubelet.server.health import NodeHealth
 from trio_kubelet.server.healthz_server import serve_healthz
+from trio_kubelet.server.listeners import (
+    HEALTHZ,
+    KUBELET,
+    READ_ONLY,
+    Listeners,
+    ServerStartError,
+    close_listeners,
+    listen,
+    server_ports,
+)
 from trio_kubelet.server.tls import (
     ServerContext,
     ServerStream,
@@ -57,10 +67,6 @@ __all__ = [
 Address = tuple[str, int]
 
 _TLS_VERSIONS = {"TLSv1.2": 0x0303, "TLSv1.3": 0x0304}
-
-
-class ServerStartError(Exception):
-    """A server could not start (port in use, bad certificate); ``str()`` says which."""
 
 
 @dataclass(frozen=True)
@@ -135,20 +141,6 @@ async def _serve_connection(app: ASGIApp, limits: HTTPLimits, state: dict[str, A
         await trio.aclose_forcefully(tcp)
 
 
-async def _listen(host: str, port: int, name: str) -> list[trio.SocketListener]:
-    try:
-        return await trio.open_tcp_listeners(port, host=host)
-    except OSError as exc:
-        raise ServerStartError(f"{name} server: cannot listen on {host}:{port}: "
-                               f"{exc.strerror or exc}") from None
-
-
-async def _close(listeners: Sequence[trio.SocketListener]) -> None:
-    with trio.CancelScope(shield=True):
-        for listener in listeners:
-            await trio.aclose_forcefully(listener)
-
-
 async def serve_listeners(app: ASGIApp, listeners: Sequence[trio.SocketListener], *,
                           tls_context: ServerContext | ServingContext | None = None,
                           limits: HTTPLimits = HTTPLimits(), name: str = "HTTP",
@@ -177,7 +169,7 @@ async def serve_listeners(app: ASGIApp, listeners: Sequence[trio.SocketListener]
                 log.info("%s server listening on %s://%s:%d", name, scheme, host, port)
                 task_status.started((host, port))
     finally:
-        await _close(listeners)
+        await close_listeners([list(listeners)])
     if failure is not None:
         raise ServerStartError(f"{name} server: the app did not start: {failure}")
 
@@ -188,39 +180,29 @@ async def serve_app(app: ASGIApp, host: str, port: int, *,
                     task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``app`` on ``host:port`` (0: any free port) until cancelled; reports the bound
     ``(host, port)``. Raises ServerStartError when the port cannot be bound."""
-    listeners = await _listen(host, port, name)
+    listeners = await listen(host, port, name)
     await serve_listeners(app, listeners, tls_context=tls_context, limits=limits, name=name,
                           task_status=task_status)
-
-
-@dataclass(frozen=True)
-class _Server:
-    """One server to run: ``serve(listeners, task_status=)`` on ``host:port``."""
-
-    name: str
-    host: str
-    port: int
-    serve: Callable[..., Awaitable[None]]
 
 
 def _servers(view: NodeView, blueprints_full: Sequence[Blueprint],
              blueprints_read_only: Sequence[Blueprint], tls_context: ServerContext | ServingContext,
              authenticator: RequestAuthenticator, authorizer: Authorizer | None,
-             metrics: AgentMetrics | None, limits: HTTPLimits) -> list[_Server]:
+             metrics: AgentMetrics | None, limits: HTTPLimits
+             ) -> dict[str, Callable[..., Awaitable[None]]]:
+    """``serve(listeners, task_status=)`` of each server the configuration turns on."""
     config = view.options.config
     kubelet = create_app(
         view, blueprints_full, authenticator=authenticator, authorizer=authorizer,
         metrics=metrics, server_type="readwrite", max_body_bytes=limits.max_body_bytes)
-    servers = [_Server("kubelet", config.address, config.port, partial(
-        serve_listeners, kubelet, tls_context=tls_context, limits=limits, name="kubelet"))]
+    servers: dict[str, Callable[..., Awaitable[None]]] = {KUBELET: partial(
+        serve_listeners, kubelet, tls_context=tls_context, limits=limits, name=KUBELET)}
     if config.read_only_port > 0:
         read_only = create_app(view, blueprints_read_only, metrics=metrics,
                                server_type="readonly", max_body_bytes=limits.max_body_bytes)
-        servers.append(_Server("read-only", config.address, config.read_only_port, partial(
-            serve_listeners, read_only, limits=limits, name="read-only")))
+        servers[READ_ONLY] = partial(serve_listeners, read_only, limits=limits, name=READ_ONLY)
     if config.healthz_port > 0:
-        servers.append(_Server("healthz", config.healthz_bind_address, config.healthz_port,
-                               partial(serve_healthz, NodeHealth(view), limits=limits)))
+        servers[HEALTHZ] = partial(serve_healthz, NodeHealth(view), limits=limits)
     return servers
 
 
@@ -232,6 +214,7 @@ async def run_servers(view: NodeView, blueprints_full: Sequence[Blueprint],
                       review: ReviewClient | None = None,
                       serving: ServingContext | None = None,
                       limits: HTTPLimits = HTTPLimits(),
+                      listeners: Mapping[str, Listeners] | None = None,
                       task_status: trio.TaskStatus[ServerAddresses] = trio.TASK_STATUS_IGNORED
                       ) -> None:
     """Run the kubelet's servers until cancelled; ``task_status.started`` once all listen.
@@ -243,36 +226,38 @@ async def run_servers(view: NodeView, blueprints_full: Sequence[Blueprint],
     - ``healthzBindAddress:healthzPort`` plain HTTP, /healthz only, if > 0 (its own small
       server, ``healthz_server.py``).
 
-    Every port is bound before any is served, so a port in use or an unusable
-    certificate raises ServerStartError here, with nothing left listening. ``serving`` (the
-    serving certificate manager's, with serverTLSBootstrap) replaces the configured or
-    self-signed certificate.
+    ``listeners`` are the sockets the agent bound at its start (``listeners.bind_servers``),
+    theirs to close from here on; a port without them is bound here, every one before any is
+    served. A port in use or an unusable certificate raises ServerStartError, with nothing
+    left listening. ``serving`` (the serving certificate manager's, with serverTLSBootstrap)
+    replaces the configured or self-signed certificate.
     """
-    options = view.options
-    if authenticator is None:
-        if authorizer is not None:
-            raise ValueError("an authorizer needs an authenticator")
-        authenticator, authorizer = build_auth(options, review)
-    client_ca = options.config.authentication.x509.client_ca_file or None
-    tls_context: ServerContext | ServingContext | None = serving
-    if tls_context is None:
-        try:
-            cert = await trio.to_thread.run_sync(ensure_serving_certificate, options)
-            tls_context = server_tls_context(cert, client_ca, TLSSettings.of(options.config))
-        except TLSConfigError as exc:
-            raise ServerStartError(f"kubelet server: {exc}") from None
-    servers = _servers(view, blueprints_full, blueprints_read_only, tls_context, authenticator,
-                       authorizer, metrics, limits)
-    bound: list[list[trio.SocketListener]] = []
+    bound = dict(listeners or {})
     try:
-        for server in servers:
-            bound.append(await _listen(server.host, server.port, server.name))
+        options = view.options
+        if authenticator is None:
+            if authorizer is not None:
+                raise ValueError("an authorizer needs an authenticator")
+            authenticator, authorizer = build_auth(options, review)
+        client_ca = options.config.authentication.x509.client_ca_file or None
+        tls_context: ServerContext | ServingContext | None = serving
+        if tls_context is None:
+            try:
+                cert = await trio.to_thread.run_sync(ensure_serving_certificate, options)
+                tls_context = server_tls_context(cert, client_ca,
+                                                 TLSSettings.of(options.config))
+            except TLSConfigError as exc:
+                raise ServerStartError(f"kubelet server: {exc}") from None
+        servers = _servers(view, blueprints_full, blueprints_read_only, tls_context,
+                           authenticator, authorizer, metrics, limits)
+        for name, host, port in server_ports(options.config):
+            if name not in bound:
+                bound[name] = await listen(host, port, name)
         addresses: dict[str, Address] = {}
         async with trio.open_nursery() as nursery:
-            for server, listeners in zip(servers, bound, strict=True):
-                addresses[server.name] = await nursery.start(server.serve, listeners)
-            task_status.started(ServerAddresses(addresses["kubelet"], addresses.get("read-only"),
-                                                addresses.get("healthz")))
+            for name, serve in servers.items():
+                addresses[name] = await nursery.start(serve, bound[name])
+            task_status.started(ServerAddresses(addresses[KUBELET], addresses.get(READ_ONLY),
+                                                addresses.get(HEALTHZ)))
     finally:
-        for listeners in bound:
-            await _close(listeners)
+        await close_listeners(bound)
