@@ -53,10 +53,12 @@ PY313_TESTS = [
 ]
 
 
-#: What runs on containerd 2.x as well: pod lifecycle, agent restarts, the PLEG.
+#: What runs on containerd 2.x as well: pod lifecycle, agent restarts, the PLEG, log rotation
+#: (ReopenContainerLog).
 CONTAINERD2_TESTS = [
     "tests/integration/test_static_pods.py", "tests/integration/test_lifecycle_containerd.py",
     "tests/integration/test_agent_restart.py", "tests/integration/test_pleg_containerd.py",
+    "tests/integration/test_log_rotation_containerd.py",
 ]
 
 
