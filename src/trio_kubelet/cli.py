@@ -418,6 +418,13 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
     ConfigFlag("--cgroup-driver", "cgroupDriver", str, "cgroupfs or systemd", "DRIVER"),
     ConfigFlag("--cgroup-root", "cgroupRoot", str, "root cgroup for pods", "CGROUP"),
     ConfigFlag("--cgroups-per-qos", "cgroupsPerQOS", _bool, "create the QoS cgroup hierarchy"),
+    ConfigFlag(
+        "--logging-format",
+        "logging.format",
+        str,
+        'the agent\'s log lines: "text" (klog\'s) or "json" (one object a line, as Go\'s)',
+        "FORMAT",
+    ),
     ConfigFlag("--pod-logs-dir", "podLogsDir", str, "directory of container logs", "DIR"),
     ConfigFlag(
         "--container-log-max-size",
@@ -552,7 +559,6 @@ GO_ONLY_FLAGS = (
     "--log-json-split-stream",
     "--log-text-info-buffer-size",
     "--log-text-split-stream",
-    "--logging-format",
     "--logtostderr",
     "--machine-id-file",
     "--make-iptables-util-chains",
@@ -880,9 +886,28 @@ class KlogFormatter(logging.Formatter):
         return line
 
 
-def configure_logging(verbosity: int) -> None:
+class JSONFormatter(logging.Formatter):
+    """``logging.format: json``: one object a line with Go's keys: ``ts`` (milliseconds since
+    the epoch), ``caller``, ``msg``, and ``v`` (the verbosity) or, for an error, ``err``
+    (the exception, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": round(record.created * 1000, 3),
+            "caller": f"{record.filename}:{record.lineno}",
+            "msg": record.getMessage(),
+        }
+        if record.levelno >= logging.ERROR:
+            if record.exc_info:
+                entry["err"] = self.formatException(record.exc_info)
+        else:
+            entry["v"] = 0 if record.levelno >= logging.INFO else 4
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(verbosity: int, log_format: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(KlogFormatter())
+    handler.setFormatter(JSONFormatter() if log_format == "json" else KlogFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbosity >= 4 else logging.INFO)
@@ -901,7 +926,7 @@ def _fail(message: str) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     options = agent_options(args)
-    configure_logging(options.verbosity)
+    configure_logging(options.verbosity, options.config.logging.format)
     ignored = ignored_flags(args)
     if ignored:
         logging.getLogger("trio_kubelet").warning(
@@ -971,7 +996,7 @@ def _hollow(args: argparse.Namespace) -> int:
         record_dir=args.record_dir, port_base=args.port_base, keep_nodes=args.keep_nodes,
         start_rate=hollow.DEFAULT_START_RATE if args.start_rate is None else args.start_rate,
     )
-    configure_logging(args.verbosity)
+    configure_logging(args.verbosity, base.config.logging.format)
     if args.verbosity < 2:  # 500 nodes' lines would drown the runner's own
         logging.getLogger("trio_kubelet").setLevel(logging.WARNING)
         logging.getLogger("trio_kubelet.hollow").setLevel(logging.INFO)

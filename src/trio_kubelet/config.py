@@ -85,7 +85,8 @@ GO_ONLY_FIELDS = _words(
     iptablesMasqueradeBit iptablesDropBit failSwapOn memorySwap containerLogMaxWorkers
     containerLogMonitorInterval configMapAndSecretChangeDetectionStrategy reservedSystemCPUs
     showHiddenMetricsForVersion systemReservedCgroup kubeReservedCgroup
-    kernelMemcgNotification logging enableSystemLogHandler enableSystemLogQuery
+    kernelMemcgNotification logging.flushFrequency logging.verbosity logging.options
+    enableSystemLogHandler enableSystemLogQuery
     reservedMemory enableProfilingHandler enableDebugFlagsHandler seccompDefault
     memoryThrottlingFactor tracing
     failCgroupV1 userNamespaces podHousekeepingPeriod"""
@@ -340,6 +341,14 @@ class KubeletAuthorization(_ConfigModel):
     webhook: WebhookAuthorization = Field(default_factory=WebhookAuthorization)
 
 
+class LoggingConfiguration(_ConfigModel):
+    """Go's ``logging`` block: its ``format`` is acted on; verbosity is ``--v``'s."""
+
+    go_zero_defaults: ClassVar[frozenset[str]] = frozenset({"format"})
+
+    format: Literal["text", "json"] = "text"
+
+
 class CrashLoopBackOff(_ConfigModel):
     max_container_restart_period: Duration = 300.0
 
@@ -465,6 +474,7 @@ class KubeletConfiguration(_ConfigModel):
     server_tls_bootstrap: bool = Field(default=False, alias="serverTLSBootstrap")
     authentication: KubeletAuthentication = Field(default_factory=KubeletAuthentication)
     authorization: KubeletAuthorization = Field(default_factory=KubeletAuthorization)
+    logging: LoggingConfiguration = Field(default_factory=LoggingConfiguration)
 
     # How often pod volumes' disk use is measured (du-like walks); negative: never.
     volume_stats_agg_period: SignedDuration = 60.0

@@ -471,7 +471,7 @@ def fake_agent(monkeypatch: pytest.MonkeyPatch) -> list[AgentOptions]:
     module = types.ModuleType("trio_kubelet.agent")
     module.run_agent = run_agent  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "trio_kubelet.agent", module)
-    monkeypatch.setattr(cli, "configure_logging", lambda verbosity: None)
+    monkeypatch.setattr(cli, "configure_logging", lambda *args: None)
     return calls
 
 
@@ -543,7 +543,7 @@ def test_keyboard_interrupt_exits_zero_without_traceback(
     module = types.ModuleType("trio_kubelet.agent")
     module.run_agent = run_agent  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "trio_kubelet.agent", module)
-    monkeypatch.setattr(cli, "configure_logging", lambda verbosity: None)
+    monkeypatch.setattr(cli, "configure_logging", lambda *args: None)
     assert cli.main(["--hostname-override=n"]) == 0
     assert "Traceback" not in capsys.readouterr().err
 

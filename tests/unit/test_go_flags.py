@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,7 +50,7 @@ def test_log_and_storage_flags_act_others_are_named(
         started.append(options)
 
     monkeypatch.setattr(cli.importlib.import_module("trio_kubelet.agent"), "run_agent", run_agent)
-    monkeypatch.setattr(cli, "configure_logging", lambda verbosity: None)
+    monkeypatch.setattr(cli, "configure_logging", lambda *args: None)
     with caplog.at_level(logging.WARNING):
         status = cli.main([
             "--hostname-override=n",
@@ -76,3 +80,57 @@ def test_rotate_server_certificates_is_server_tls_bootstrap(tmp_path: Path) -> N
         f"--kubeconfig={tmp_path / 'issued'}", "--rotate-server-certificates",
     ])
     assert options.config.server_tls_bootstrap is True
+
+
+def test_json_log_lines_carry_gos_keys() -> None:
+    formatter = cli.JSONFormatter()
+    info = logging.LogRecord("trio_kubelet.workers", logging.INFO, "/x/workers.py", 7,
+                             "Started container %s", ("main",), None)
+    info.created = 1764322500.25
+    assert json.loads(formatter.format(info)) == {
+        "ts": 1764322500250.0, "caller": "workers.py:7", "msg": "Started container main", "v": 0}
+    try:
+        raise OSError("disk full")
+    except OSError:
+        error = logging.LogRecord("trio_kubelet.gc", logging.ERROR, "/x/gc.py", 9,
+                                  "Container GC pass failed", (), sys.exc_info())
+    line = json.loads(formatter.format(error))
+    assert line["msg"] == "Container GC pass failed" and "v" not in line
+    assert "OSError: disk full" in line["err"]
+
+
+def test_logging_format_from_the_flag_or_the_file_and_kubeadms_block_is_quiet(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert cli.parse_run_options(["--hostname-override=n", "--logging-format=json"]
+                                 ).config.logging.format == "json"
+    config = tmp_path / "kubelet.yaml"
+    config.write_text(
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+        "logging:\n  format: json\n  flushFrequency: 0\n  verbosity: 0\n"
+        "  options:\n    json: {infoBufferSize: '0'}\n    text: {infoBufferSize: '0'}\n"
+    )
+    with caplog.at_level(logging.INFO, logger="trio_kubelet.config"):
+        options = cli.parse_run_options(["--hostname-override=n", f"--config={config}"])
+    assert options.config.logging.format == "json"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    with pytest.raises(cli.ConfigError, match="--logging-format"):
+        cli.parse_run_options(["--hostname-override=n", "--logging-format=xml"])
+
+
+def test_the_agent_logs_json_lines(tmp_path: Path) -> None:
+    """Each line of the agent's log is a JSON object, its start as its failure (here: the
+    kubelet port is taken, so it stops right after starting)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run(
+            [sys.executable, "-m", "trio_kubelet", "--logging-format=json", "--hostname-override=n",
+             "--address=127.0.0.1", f"--port={port}", f"--root-dir={tmp_path}"],
+            capture_output=True, text=True, timeout=60,
+        )
+    lines = [json.loads(line) for line in run.stderr.splitlines()]
+    assert lines[0]["msg"] == "trio-kubelet 0.1.0 starting on node n" and lines[0]["v"] == 0
+    assert lines[-1]["msg"].startswith(f"kubelet server: cannot listen on 127.0.0.1:{port}")
+    assert "v" not in lines[-1] and run.returncode == 1
