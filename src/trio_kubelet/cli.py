@@ -280,6 +280,7 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
     ConfigFlag(
         "--tls-private-key-file", "tlsPrivateKeyFile", str, "key of --tls-cert-file", "FILE"
     ),
+    ConfigFlag("--provider-id", "providerID", str, "the node's spec.providerID", "ID"),
     ConfigFlag(
         "--protect-kernel-defaults",
         "protectKernelDefaults",
@@ -519,7 +520,6 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
 GO_ONLY_FLAGS = (
     "--application-metrics-count-limit",
     "--boot-id-file",
-    "--cloud-provider",
     "--container-hints",
     "--containerd",
     "--containerd-namespace",
@@ -568,7 +568,6 @@ GO_ONLY_FLAGS = (
     "--pod-cidr",
     "--pod-infra-container-image",
     "--pods-per-core",
-    "--provider-id",
     "--qos-reserved",
     "--reserved-cpus",
     "--reserved-memory",
@@ -635,6 +634,14 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "--hostname-override", metavar="NAME", help="node name instead of the host name"
     )
     node.add_argument("--node-ip", metavar="IP[,IP]", help="IP address(es) of the node")
+    node.add_argument(
+        "--cloud-provider",
+        default="",
+        metavar="external",
+        help='"external": the node registers tainted node.cloudprovider.kubernetes.io/'
+        "uninitialized until a cloud controller manager sets it up, and keeps the addresses "
+        "that sets",
+    )
     node.add_argument(
         "--node-labels",
         action="append",
@@ -846,6 +853,7 @@ def agent_options(args: argparse.Namespace) -> AgentOptions:
         overrides=_config_overrides(args),
         root_dir=args.root_dir,
         hostname_override=args.hostname_override,
+        cloud_provider=args.cloud_provider,
         node_ip=args.node_ip,
         node_labels=args.node_labels,
         kubeconfig=args.kubeconfig,

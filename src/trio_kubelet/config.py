@@ -73,7 +73,7 @@ _NODE_ALLOCATABLE_KEYS = frozenset(
 # KubeletConfiguration fields of the Go kubelet that this agent does not implement:
 # accepted without complaint (an operator's existing file must load) and listed once.
 GO_ONLY_FIELDS = _words(
-    """enableServer volumePluginDir providerID imagePullCredentialsVerificationPolicy
+    """enableServer volumePluginDir imagePullCredentialsVerificationPolicy
     preloadedImagesVerificationAllowlist eventRecordQPS eventBurst enableDebuggingHandlers
     enableContentionProfiling oomScoreAdj
     kubeletCgroups systemCgroups cpuManagerPolicy
@@ -91,6 +91,8 @@ GO_ONLY_FIELDS = _words(
     memoryThrottlingFactor tracing
     failCgroupV1 userNamespaces podHousekeepingPeriod"""
 )
+
+CLOUD_PROVIDER_EXTERNAL = "external"
 
 _WIRE = "wire"  # validation-context key: the data comes from a file, not from Python code
 
@@ -464,6 +466,8 @@ class KubeletConfiguration(_ConfigModel):
         default="", alias="tlsMinVersion")
     tls_cipher_suites: Annotated[list[str], BeforeValidator(_cipher_suites)] = Field(
         default_factory=list, alias="tlsCipherSuites")
+    # The node's spec.providerID at registration (the cloud's name for the machine).
+    provider_id: str = Field(default="", alias="providerID")
     # Refuse to start while a kernel setting differs from what the Go kubelet expects
     # (node/kernel_tunables.py); never changes them.
     protect_kernel_defaults: bool = False
@@ -1003,6 +1007,14 @@ def parse_node_labels(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
     return tuple(labels.items())
 
 
+def _checked_cloud_provider(name: str) -> str:
+    """As Go's kubelet since the in-tree providers went: none, or "external"."""
+    if name not in ("", CLOUD_PROVIDER_EXTERNAL):
+        raise ConfigError(f'--cloud-provider: unsupported {json.dumps(name)} (only "external", '
+                          "with a cloud controller manager, or none)")
+    return name
+
+
 def _checked_kubeconfig(
     kubeconfig: Path | None, bootstrap: Path | None, config: KubeletConfiguration
 ) -> Path | None:
@@ -1026,6 +1038,8 @@ class AgentOptions:
     node_name: str
     root_dir: Path = DEFAULT_ROOT_DIR
     node_ip: str | None = None
+    # --cloud-provider: "" or "external" (a cloud controller manager initialises the node).
+    cloud_provider: str = ""
     # --node-labels, in the order given (a tuple keeps the options hashable).
     node_labels: tuple[tuple[str, str], ...] = ()
     kubeconfig: Path | None = None
@@ -1060,6 +1074,7 @@ def build_agent_options(
     root_dir: Path = DEFAULT_ROOT_DIR,
     hostname_override: str | None = None,
     node_ip: str | None = None,
+    cloud_provider: str = "",
     node_labels: Sequence[str] = (),
     kubeconfig: Path | None = None,
     bootstrap_kubeconfig: Path | None = None,
@@ -1077,6 +1092,7 @@ def build_agent_options(
         node_name=resolve_node_name(hostname_override),
         root_dir=root_dir.absolute(),
         node_ip=parse_node_ips(node_ip) if node_ip else None,
+        cloud_provider=_checked_cloud_provider(cloud_provider),
         node_labels=parse_node_labels(node_labels),
         kubeconfig=_checked_kubeconfig(kubeconfig, bootstrap_kubeconfig, config),
         bootstrap_kubeconfig=bootstrap_kubeconfig,

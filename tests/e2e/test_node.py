@@ -189,3 +189,51 @@ async def test_node_registers_heartbeats_and_rides_out_an_apiserver_outage(
         assert trio.current_time() - back < 10.0
         nursery.cancel_scope.cancel()
     await client.aclose()
+
+
+async def test_an_external_cloud_provider_node_registers_for_its_controller(
+    control_plane: ControlPlane, admin: httpx.Client, tmp_path: Path
+) -> None:
+    """--cloud-provider=external through the Node authorizer and NodeRestriction: the Node is
+    created tainted uninitialized with its providerID and the given IP; when a cloud
+    controller manager (the admin here) sets the addresses and lifts the taint, the node's
+    next status reports keep them."""
+    kubeconfig = await trio.to_thread.run_sync(control_plane.node_kubeconfig, NODE)
+    options = parse_run_options([
+        "--hostname-override", NODE, "--root-dir", str(tmp_path), "--node-ip", "127.0.0.1",
+        "--node-status-update-frequency", "1s", "--cloud-provider", "external",
+        "--provider-id", "external:///e2e/node-1",
+    ])  # fmt: skip
+    client = APIClient(load_kubeconfig(kubeconfig))
+    health = Health()
+    manager = NodeManager(client, options, health.node_health(), TrioWallClock())
+    path = f"/api/v1/nodes/{NODE}"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.run)
+        node = await wait_for(admin, path, lambda n: ready(n)["status"] == "True")
+        assert node["spec"]["providerID"] == "external:///e2e/node-1"
+        assert {"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true",
+                "effect": "NoSchedule"} in node["spec"]["taints"]
+        annotations = node["metadata"]["annotations"]
+        assert annotations["alpha.kubernetes.io/provided-node-ip"] == "127.0.0.1"
+
+        cloud = [{"type": "InternalIP", "address": "127.0.0.1"},
+                 {"type": "InternalDNS", "address": "node-1.e2e.internal"}]
+
+        def initialise() -> None:  # as the cloud controller manager does
+            status = admin.patch(
+                f"{path}/status", json={"status": {"addresses": [{"$patch": "replace"}, *cloud]}},
+                headers={"Content-Type": "application/strategic-merge-patch+json"})
+            assert status.status_code == 200, status.text
+            lifted = admin.patch(path, json={"spec": {"taints": None}},
+                                 headers={"Content-Type": "application/merge-patch+json"})
+            assert lifted.status_code == 200, lifted.text
+
+        await trio.to_thread.run_sync(initialise)
+        # A status report sent after that (the node's health changed) keeps the addresses.
+        health.network = "container runtime network not ready: NetworkReady=false"
+        later = await wait_for(admin, path, lambda n: ready(n)["status"] == "False", 20.0)
+        assert later["status"]["addresses"] == cloud
+        assert not later["spec"].get("taints")
+        nursery.cancel_scope.cancel()
+    await client.aclose()

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from trio_kubelet.cli import parse_run_options
-from trio_kubelet.config import AgentOptions, KubeletConfiguration
+from trio_kubelet.config import AgentOptions, ConfigError, KubeletConfiguration
 from trio_kubelet.core.image_gc import ListedImage
 from trio_kubelet.model.quantity import format_quantity
 from trio_kubelet.node.registration import (
@@ -409,3 +409,37 @@ def test_runtime_handlers_and_features_are_reported_as_the_runtime_states_them()
     handlers_only = replace(features, supplemental_groups_policy=None)
     status = node_status(options(), replace(INPUTS, features=handlers_only), {}, 0.0)
     assert "features" not in status and len(status["runtimeHandlers"]) == 2
+
+
+def test_an_external_cloud_provider_node_waits_for_its_controller() -> None:
+    """--cloud-provider=external: registered tainted uninitialized, with the given IP as an
+    annotation; the addresses its cloud controller manager sets are kept from then on."""
+    external = options("--cloud-provider=external", "--node-ip=10.0.0.5",
+                       "--provider-id=aws:///eu-west-1a/i-0abc", "--register-with-taints",
+                       "dedicated=db:NoSchedule")
+    node = initial_node(external, INPUTS, NOW)
+    assert node["spec"]["taints"] == [
+        {"key": "dedicated", "value": "db", "effect": "NoSchedule"},
+        {"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true",
+         "effect": "NoSchedule"},
+    ]
+    assert node["spec"]["providerID"] == "aws:///eu-west-1a/i-0abc"
+    assert node["metadata"]["annotations"]["alpha.kubernetes.io/provided-node-ip"] == "10.0.0.5"
+    assert node["status"]["addresses"] == [
+        {"type": "InternalIP", "address": "10.0.0.5"}, {"type": "Hostname", "address": "node-a"}]
+
+    cloud = [{"type": "InternalIP", "address": "172.31.0.9"},
+             {"type": "InternalDNS", "address": "ip-172-31-0-9.internal"}]
+    status = node_status(external, INPUTS, {"addresses": cloud}, NOW)
+    assert status["addresses"] == cloud
+    assert node_status(options(), INPUTS, {"addresses": cloud}, NOW)["addresses"] == [
+        {"type": "InternalIP", "address": "10.0.0.5"}, {"type": "Hostname", "address": "node-a"}
+    ], "without it the kubelet's own addresses win, as in Go"
+    plain = initial_node(options(), INPUTS, NOW)
+    assert "providerID" not in plain["spec"] and "taints" not in plain["spec"]
+    assert "alpha.kubernetes.io/provided-node-ip" not in plain["metadata"]["annotations"]
+
+
+def test_only_an_external_cloud_provider_is_known() -> None:
+    with pytest.raises(ConfigError, match='--cloud-provider: unsupported "gce"'):
+        options("--cloud-provider=gce")

@@ -18,7 +18,7 @@ from math import ceil
 from typing import Any
 
 from trio_kubelet import __version__
-from trio_kubelet.config import AgentOptions, KubeletConfiguration
+from trio_kubelet.config import CLOUD_PROVIDER_EXTERNAL, AgentOptions, KubeletConfiguration
 from trio_kubelet.core.image_gc import ListedImage
 from trio_kubelet.model.quantity import format_quantity, parse_quantity
 from trio_kubelet.node.conditions import conditions_changed, node_conditions
@@ -31,6 +31,13 @@ KUBERNETES_VERSION = "v1.36.3"
 KUBELET_VERSION = f"{KUBERNETES_VERSION}+trio-kubelet.{__version__}"
 
 CONTROLLER_MANAGED_ATTACH = "volumes.kubernetes.io/controller-managed-attach-detach"
+# --cloud-provider=external: what the node registers with for the cloud controller manager.
+UNINITIALIZED_TAINT = {
+    "key": "node.cloudprovider.kubernetes.io/uninitialized",
+    "value": "true",
+    "effect": "NoSchedule",
+}
+PROVIDED_NODE_IP = "alpha.kubernetes.io/provided-node-ip"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 OS_LABEL = "kubernetes.io/os"
 ARCH_LABEL = "kubernetes.io/arch"
@@ -311,10 +318,7 @@ def node_status(
             disk_pressure=inputs.disk_pressure,
             pid_pressure=inputs.pid_pressure,
         ),
-        "addresses": [
-            *({"type": "InternalIP", "address": ip} for ip in inputs.internal_ips),
-            {"type": "Hostname", "address": options.node_name},
-        ],
+        "addresses": _addresses(options, inputs, previous),
         "daemonEndpoints": {"kubeletEndpoint": {"Port": config.port}},
         "nodeInfo": {
             "machineID": machine.machine_id,
@@ -333,6 +337,19 @@ def node_status(
     if inputs.features is not None:
         status.update(runtime_feature_status(inputs.features))
     return status
+
+
+def _addresses(
+    options: AgentOptions, inputs: StatusInputs, previous: Mapping[str, Any]
+) -> list[dict[str, str]]:
+    """The node's InternalIPs and Hostname; with an external cloud provider, the addresses
+    the Node already has once someone (its cloud controller manager) has set them."""
+    if options.cloud_provider == CLOUD_PROVIDER_EXTERNAL and previous.get("addresses"):
+        return list(previous["addresses"])
+    return [
+        *({"type": "InternalIP", "address": ip} for ip in inputs.internal_ips),
+        {"type": "Hostname", "address": options.node_name},
+    ]
 
 
 def runtime_feature_status(features: RuntimeFeatures) -> dict[str, Any]:
@@ -373,19 +390,29 @@ def node_images(images: Sequence[ListedImage], max_images: int) -> list[dict[str
 def initial_node(options: AgentOptions, inputs: StatusInputs, now: float) -> dict[str, Any]:
     """The Node to create: name, labels, taints, the attach-detach annotation and a status."""
     spec: dict[str, Any] = {}
-    if options.config.register_with_taints:
-        spec["taints"] = [
-            {"key": t.key, **({"value": t.value} if t.value else {}), "effect": t.effect}
-            for t in options.config.register_with_taints
-        ]
+    taints = [
+        {"key": t.key, **({"value": t.value} if t.value else {}), "effect": t.effect}
+        for t in options.config.register_with_taints
+    ]
+    # Volumes are attached by the attach/detach controller, the Go kubelet's default.
+    annotations = {CONTROLLER_MANAGED_ATTACH: "true"}
+    if options.cloud_provider == CLOUD_PROVIDER_EXTERNAL:
+        # The cloud controller manager removes the taint once it has set the node up, and
+        # reads the addresses the operator gave.
+        taints.append(UNINITIALIZED_TAINT)
+        if options.node_ip:
+            annotations[PROVIDED_NODE_IP] = options.node_ip
+    if taints:
+        spec["taints"] = taints
+    if options.config.provider_id:
+        spec["providerID"] = options.config.provider_id
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
             "name": options.node_name,
             "labels": node_labels(options, inputs.machine),
-            # Volumes are attached by the attach/detach controller, the Go kubelet's default.
-            "annotations": {CONTROLLER_MANAGED_ATTACH: "true"},
+            "annotations": annotations,
         },
         "spec": spec,
         "status": node_status(options, inputs, {}, now),
