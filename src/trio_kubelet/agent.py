@@ -45,6 +45,7 @@ from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.model.pod import Pod
 from trio_kubelet.model.quantity import parse_quantity
 from trio_kubelet.node.kernel_tunables import kernel_default_errors, read_proc_sys
+from trio_kubelet.node.lock_file import exit_on_contention, held_lock_file
 from trio_kubelet.node.machine import read_machine_facts
 from trio_kubelet.node.manager import NodeManager, NodePressure, RuntimeProbe
 from trio_kubelet.node.registration import (
@@ -810,7 +811,13 @@ async def run_agent(
     events = EventRecorder(options.node_name, api, clock=clock.now)
     credentials = certificates.ready if certificates is not None else _set(trio.Event())
     send, receive = trio.open_memory_channel[Event](EVENT_CHANNEL_SIZE)
-    async with bound_servers(config, host.serve) as listeners, trio.open_nursery() as top:
+    async with (
+        held_lock_file(options.lock_file),
+        bound_servers(config, host.serve) as listeners,
+        trio.open_nursery() as top,
+    ):
+        if options.exit_on_lock_contention and options.lock_file is not None:
+            top.start_soon(exit_on_contention, options.lock_file, top.cancel_scope)
         shutdown = NodeShutdownManager(config, options.node_name, events=events)
         node_shutdown = trio.Event()
         if host.signals:

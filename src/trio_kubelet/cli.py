@@ -537,7 +537,6 @@ GO_ONLY_FLAGS = (
     "--event-qps",
     "--event-storage-age-limit",
     "--event-storage-event-limit",
-    "--exit-on-lock-contention",
     "--experimental-allocatable-ignore-eviction",
     "--experimental-mounter-path",
     "--fail-cgroupv1",
@@ -551,7 +550,6 @@ GO_ONLY_FLAGS = (
     "--kube-api-content-type",
     "--kube-reserved-cgroup",
     "--kubelet-cgroups",
-    "--lock-file",
     "--log-cadvisor-usage",
     "--log-dir",
     "--log-flush-frequency",
@@ -634,6 +632,21 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "--hostname-override", metavar="NAME", help="node name instead of the host name"
     )
     node.add_argument("--node-ip", metavar="IP[,IP]", help="IP address(es) of the node")
+    node.add_argument(
+        "--lock-file",
+        type=Path,
+        metavar="FILE",
+        help="take an exclusive lock on FILE before starting (waiting while another holds it)",
+    )
+    node.add_argument(
+        "--exit-on-lock-contention",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_bool,
+        metavar="BOOL",
+        help="with --lock-file: exit as soon as another process opens it (a hand-over)",
+    )
     node.add_argument(
         "--cloud-provider",
         default="",
@@ -854,6 +867,8 @@ def agent_options(args: argparse.Namespace) -> AgentOptions:
         root_dir=args.root_dir,
         hostname_override=args.hostname_override,
         cloud_provider=args.cloud_provider,
+        lock_file=args.lock_file,
+        exit_on_lock_contention=args.exit_on_lock_contention,
         node_ip=args.node_ip,
         node_labels=args.node_labels,
         kubeconfig=args.kubeconfig,

@@ -1007,6 +1007,12 @@ def parse_node_labels(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
     return tuple(labels.items())
 
 
+def _checked_lock_contention(lock_file: Path | None, exit_on_contention: bool) -> bool:
+    if exit_on_contention and lock_file is None:
+        raise ConfigError("--exit-on-lock-contention: no lock file specified (--lock-file)")
+    return exit_on_contention
+
+
 def _checked_cloud_provider(name: str) -> str:
     """As Go's kubelet since the in-tree providers went: none, or "external"."""
     if name not in ("", CLOUD_PROVIDER_EXTERNAL):
@@ -1040,6 +1046,9 @@ class AgentOptions:
     node_ip: str | None = None
     # --cloud-provider: "" or "external" (a cloud controller manager initialises the node).
     cloud_provider: str = ""
+    # --lock-file (held while the agent runs) and --exit-on-lock-contention.
+    lock_file: Path | None = None
+    exit_on_lock_contention: bool = False
     # --node-labels, in the order given (a tuple keeps the options hashable).
     node_labels: tuple[tuple[str, str], ...] = ()
     kubeconfig: Path | None = None
@@ -1075,6 +1084,8 @@ def build_agent_options(
     hostname_override: str | None = None,
     node_ip: str | None = None,
     cloud_provider: str = "",
+    lock_file: Path | None = None,
+    exit_on_lock_contention: bool = False,
     node_labels: Sequence[str] = (),
     kubeconfig: Path | None = None,
     bootstrap_kubeconfig: Path | None = None,
@@ -1093,6 +1104,8 @@ def build_agent_options(
         root_dir=root_dir.absolute(),
         node_ip=parse_node_ips(node_ip) if node_ip else None,
         cloud_provider=_checked_cloud_provider(cloud_provider),
+        lock_file=lock_file,
+        exit_on_lock_contention=_checked_lock_contention(lock_file, exit_on_lock_contention),
         node_labels=parse_node_labels(node_labels),
         kubeconfig=_checked_kubeconfig(kubeconfig, bootstrap_kubeconfig, config),
         bootstrap_kubeconfig=bootstrap_kubeconfig,
