@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.net import taken_port
 from trio_kubelet import cli
 from trio_kubelet.config import AgentOptions
 
@@ -121,10 +121,7 @@ def test_logging_format_from_the_flag_or_the_file_and_kubeadms_block_is_quiet(
 def test_the_agent_logs_json_lines(tmp_path: Path) -> None:
     """Each line of the agent's log is a JSON object, its start as its failure (here: the
     kubelet port is taken, so it stops right after starting)."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         run = subprocess.run(
             [sys.executable, "-m", "trio_kubelet", "--logging-format=json", "--hostname-override=n",
              "--address=127.0.0.1", f"--port={port}", f"--root-dir={tmp_path}"],

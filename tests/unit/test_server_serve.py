@@ -22,7 +22,7 @@ import trustme
 from quart import Blueprint, g, request
 from quart_trio import QuartTrio
 
-from tests.net import free_port
+from tests.net import free_port, taken_port
 from trio_kubelet.config import AgentOptions, KubeletConfiguration
 from trio_kubelet.metrics import AgentMetrics
 from trio_kubelet.runtime.client import CRIClient
@@ -290,10 +290,7 @@ async def test_healthz_port_serves_only_healthz(tmp_path: Path) -> None:
 
 
 async def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         view = make_view(tmp_path, **OPEN, healthzPort=port)
         with pytest.raises(ServerStartError, match=f"healthz server: cannot listen on "
                                                    f"127.0.0.1:{port}"):
@@ -324,10 +321,7 @@ async def test_a_client_of_the_bound_port_waits_for_the_servers(tmp_path: Path) 
 
 
 async def test_binding_is_all_or_nothing(tmp_path: Path) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         free = free_port()
         config = make_view(tmp_path, **OPEN, readOnlyPort=free, healthzPort=port).options.config
         with pytest.raises(ServerStartError, match=f"healthz server: cannot listen on "
@@ -476,10 +470,7 @@ def test_the_agent_with_its_port_taken_stops_before_it_touches_the_runtime(
 ) -> None:
     """The ports are bound first: a second kubelet on the same port exits 1 naming the port,
     without waiting for (or changing anything through) the container runtime."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         run = subprocess.run(
             [sys.executable, "-m", "trio_kubelet", "--hostname-override=n", "--address=127.0.0.1",
              f"--port={port}", "--healthz-port=0", f"--root-dir={tmp_path}",
