@@ -10,7 +10,7 @@ import os
 import socket
 import ssl
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -185,11 +185,15 @@ def short_certificates(join_control_plane: ControlPlane) -> Iterator[None]:
     join_control_plane.start_controller_manager()
 
 
-def lease_age(api: Api) -> float:
-    lease = api.get(f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{NODE}")
-    assert lease is not None
-    renewed = datetime.datetime.fromisoformat(lease["spec"]["renewTime"])
-    return (datetime.datetime.now(datetime.UTC) - renewed).total_seconds()
+LEASE = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{NODE}"
+
+
+def renewed_after(moment: datetime.datetime) -> Callable[[JSON | None], bool]:
+    """Whether the node's Lease was last renewed after ``moment``."""
+    def check(lease: JSON | None) -> bool:
+        return lease is not None and datetime.datetime.fromisoformat(
+            lease["spec"]["renewTime"]) > moment
+    return check
 
 
 def test_the_client_certificate_rotates_without_pod_restarts_or_watch_failures(
@@ -211,7 +215,8 @@ def test_the_client_certificate_rotates_without_pod_restarts_or_watch_failures(
             minutes=8
         )
 
-        # Renewed 70-90 % into its 8 minutes: 36 to 132 s after it was issued.
+        # Renewed 70-90 % into its 8 minutes: 36 to 132 s after it was issued, plus the CSR's
+        # round trip (created, auto-approved, signed) on a loaded box.
         deadline = time.monotonic() + 200
         while issued_client_certificate(tmp_path).serial_number == first.serial_number:
             assert time.monotonic() < deadline, "no rotation within 200 s"
@@ -220,7 +225,7 @@ def test_the_client_certificate_rotates_without_pod_restarts_or_watch_failures(
         second.verify_directly_issued_by(ca)
         assert second.subject == first.subject
         renewal_life = second.not_valid_before_utc - first.not_valid_before_utc
-        assert datetime.timedelta(seconds=30) <= renewal_life <= datetime.timedelta(seconds=140)
+        assert datetime.timedelta(seconds=30) <= renewal_life <= datetime.timedelta(seconds=150)
         renewals = [
             csr
             for csr in (api.get(CSRS) or {})["items"]
@@ -237,7 +242,10 @@ def test_the_client_certificate_rotates_without_pod_restarts_or_watch_failures(
             PODS, pod_manifest("after-expiry", NODE, containerd.BUSYBOX_TAGGED, ["sleep", "3600"])
         )
         api.wait(f"{PODS}/after-expiry", running, timeout=60, what="a new pod Running")
-        assert lease_age(api) < 20
+        # The Lease (renewed every ~10 s) renews past the first certificate's end: with the
+        # renewed certificate. Polled, as a loaded box can delay a round.
+        api.wait(LEASE, renewed_after(first.not_valid_after_utc), timeout=30,
+                 what="a Lease renewal after the first certificate's end")
         after = container_status(api.get(f"{PODS}/steady"))
         assert after["restartCount"] == 0
         assert after["containerID"] == container_status(before)["containerID"]

@@ -120,7 +120,7 @@ async def test_the_node_reads_and_follows_what_its_pod_references_and_nothing_el
                     headers={"Content-Type": "application/merge-patch+json"},
                 ).raise_for_status()
             )
-            with trio.fail_after(5):
+            with trio.fail_after(20):  # the watch's update, on a loaded box
                 while config_maps.get("default", CONFIG)["data"] != {"mode": "two"}:
                     await trio.sleep(0.05)
 

@@ -82,8 +82,18 @@ def test_api_pod_runs_reports_status_restarts_and_is_deleted(
     )
     last = container_status(pod)["lastState"]["terminated"]
     assert last["exitCode"] == 3 and last["reason"] == "Error"
-    events = api.get(f"/api/v1/namespaces/default/events?fieldSelector=involvedObject.uid={uid}")
-    reasons = {e["reason"]: e for e in (events or {}).get("items", [])}
+
+    def by_reason(events: JSON | None) -> dict[str, JSON]:
+        return {e["reason"]: e for e in (events or {}).get("items", [])}
+
+    # The restart's Started is recorded (and aggregated) asynchronously: wait for its count.
+    events = api.wait(
+        f"/api/v1/namespaces/default/events?fieldSelector=involvedObject.uid={uid}",
+        lambda events: by_reason(events).get("Started", {}).get("count", 0) >= 2,
+        timeout=20,
+        what="the Started event counted again for the restart",
+    )
+    reasons = by_reason(events)
     assert {"Pulled", "Created", "Started"} <= reasons.keys(), sorted(reasons)
     assert reasons["Started"]["source"] == {"component": "kubelet", "host": NODE}
     assert reasons["Started"]["count"] >= 2  # the restart is the same event, counted again
@@ -225,13 +235,13 @@ def test_readiness_gates_decide_ready_with_the_containers(
     api.create(PODS, manifest)
     path = f"{PODS}/gated"
 
-    def ready_is(status: str, message: str | None = None) -> JSON | None:
+    def ready_is(status: str, message: str | None = None, timeout: float = 20) -> JSON | None:
         def check(pod: JSON | None) -> bool:
             ready = next((c for c in ((pod or {}).get("status") or {}).get("conditions") or []
                           if c["type"] == "Ready"), {})
             return ready.get("status") == status and (
                 message is None or ready.get("message") == message)
-        return api.wait(path, check, timeout=20, what=f"Ready={status} {message or ''}")
+        return api.wait(path, check, timeout=timeout, what=f"Ready={status} {message or ''}")
 
     def set_gate(gate: str, status: str) -> None:
         patch = {"status": {"conditions": [{"type": gate, "status": status}]}}
@@ -240,9 +250,10 @@ def test_readiness_gates_decide_ready_with_the_containers(
             headers={"Content-Type": "application/strategic-merge-patch+json"},
         ).raise_for_status()
 
+    # The first wait includes the agent's start (its process was just spawned) and the pod's.
     pod = ready_is("False", 'corresponding condition of pod readiness gate "k8s.io/test-condition1"'
                    ' does not exist., corresponding condition of pod readiness gate '
-                   '"k8s.io/test-condition2" does not exist.')
+                   '"k8s.io/test-condition2" does not exist.', timeout=60)
     assert condition(pod, "ContainersReady") == "True"
     assert next(c for c in pod["status"]["conditions"]
                 if c["type"] == "Ready")["reason"] == "ReadinessGatesNotReady"

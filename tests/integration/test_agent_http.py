@@ -46,9 +46,13 @@ async def test_agent_serves_the_kubelet_api(containerd, tmp_path):
             metrics = (await http.get(f"http://127.0.0.1:{read_only}/metrics")).text
             families = {f.name: f for f in text_string_to_metric_families(metrics)}
             assert "kubelet_runtime_operations" in families
-            logs = await http.get(
-                f"https://127.0.0.1:{port}/containerLogs/default/web-itest-node/app")
-            assert logs.text == "hello from app\n"
+            # Running comes before the line reaches the log file: poll until it does.
+            with trio.fail_after(10):
+                while (logs := await http.get(
+                        f"https://127.0.0.1:{port}/containerLogs/default/web-itest-node/app"
+                )).text != "hello from app\n":
+                    await trio.sleep(0.2)
+            assert logs.status_code == 200
             # Logs are not served on the read-only port.
             hidden = await http.get(
                 f"http://127.0.0.1:{read_only}/containerLogs/default/web-itest-node/app")

@@ -94,14 +94,16 @@ async def test_container_gc_keeps_the_previous_instance_and_cleans_up_after_the_
         )
         uid = pod.metadata.uid
         log_dir = tmp_path / "pod-logs" / f"default_crash-itest-node_{uid}" / "main"
-        # Within a pass or two only the previous instance (exited) and the current one are left.
-        await wait_until(lambda: len(cri_containers(containerd, uid)) == 2, 3 * GC_PERIOD + 30,
-                         "the oldest dead instances to be removed")
+        # Within a pass or two only the previous instance (exited) and the current one are
+        # left, and only their log files (removed with the containers, not at the same instant).
+        await wait_until(lambda: len(cri_containers(containerd, uid)) == 2
+                         and sorted(p.name for p in log_dir.iterdir()) == ["2.log", "3.log"],
+                         3 * GC_PERIOD + 30,
+                         "the oldest dead instances and their log files to be removed")
         previous, current = cri_containers(containerd, uid)
         assert previous.state == api_pb2.CONTAINER_EXITED
         assert current.state == api_pb2.CONTAINER_RUNNING
         assert (previous.metadata.attempt, current.metadata.attempt) == (2, 3)
-        assert sorted(p.name for p in log_dir.iterdir()) == ["2.log", "3.log"]
         assert agent.output(pod, "main", restart=2) == ["run 3"]
         # Running is reported when the process starts, maybe before its first line.
         await wait_until(lambda: agent.output(pod, "main", restart=3) == ["run 4"], 10,

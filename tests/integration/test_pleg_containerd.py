@@ -100,8 +100,10 @@ async def test_a_killed_container_is_told_once_and_replaced(containerd, tmp_path
             ("ContainerDied", "stream" if evented else "relist")]
         died_at = next(t for t, e in log if isinstance(e, PodLifecycleEvent)
                        and e.container_id == first)
-        # containerd 2 sends the event ~0.1 s after the kill; a relist comes within 1 s.
-        assert died_at - killed < (0.9 if evented else 1.5)
+        # containerd 2 sends the event ~0.1 s after the kill; a relist comes within 1 s. The
+        # claim is `via` above; this is a sanity bound (``killed`` is taken before ``ctr`` is
+        # spawned, and a loaded CI box adds to both), the latency itself is bench_kill_restart's.
+        assert died_at - killed < (2.0 if evented else 3.0)
     assert stream_states(log) == []  # nothing new about the stream itself
 
 

@@ -49,7 +49,7 @@ async def test_unpullable_image_is_err_image_pull_then_backoff(containerd, tmp_p
         pod = await agent.wait_for("pull", lambda p: waiting_reason(p, "app") == "ErrImagePull")
         assert "nothing/here" in container(pod, "app").state.waiting.message
         await agent.wait_for("pull", lambda p: waiting_reason(p, "app") == "ImagePullBackOff",
-                             timeout=30)
+                             timeout=60)
 
 
 async def test_missing_executable_fails_the_container_with_start_error(containerd, tmp_path):

@@ -185,8 +185,11 @@ async def test_http_probe_redirected_to_another_host_succeeds_with_a_warning(
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "redirected"},
         "spec": {"terminationGracePeriodSeconds": 2, "containers": [{
             "name": "web", "image": "busybox:1.36", "command": REDIRECTOR,
+            # The initial delay gives nc time to bind: a probe before it listens would fail
+            # (and kill) for a reason that is not the redirect.
             "livenessProbe": {"httpGet": {"path": "/redirect", "port": 8080},
-                              "periodSeconds": 1, "failureThreshold": 1},
+                              "initialDelaySeconds": 2, "periodSeconds": 1,
+                              "failureThreshold": 1},
         }]},
     }
     async with running_agent(containerd.endpoint, tmp_path) as agent:

@@ -131,8 +131,10 @@ async def test_cpu_and_memory_figures_move_with_the_containers(
         burn_later = find(later, "busy", "burn")
         assert burn_later is not None
         assert burn.figures.cpu_usage_ns is not None and burn_later.figures.cpu_usage_ns
-        assert burn_later.figures.cpu_usage_ns > burn.figures.cpu_usage_ns + 0.3e9
-        assert burn_later.cpu_nano_cores is not None and burn_later.cpu_nano_cores > 300_000_000
+        # The busy loop is Burstable with no CPU request: on a loaded 2-core box it can be
+        # squeezed well below a core, so these prove its CPU is counted, not how much it gets.
+        assert burn_later.figures.cpu_usage_ns > burn.figures.cpu_usage_ns + 0.05e9
+        assert burn_later.cpu_nano_cores is not None and burn_later.cpu_nano_cores > 50_000_000
         assert later.node.cpu_nano_cores is not None and later.node.cpu_nano_cores > 300_000_000
 
         grown = await stats.sample_where(lambda s: (
@@ -147,7 +149,7 @@ async def test_cpu_and_memory_figures_move_with_the_containers(
         summary = build_summary(grown, NODE, stats.agent.store.pods())
         (pod_json,) = [p for p in summary["pods"] if p["podRef"]["name"] == pod.name]
         assert pod_json["memory"]["workingSetBytes"] > 48 * MiB
-        assert pod_json["cpu"]["usageNanoCores"] > 300_000_000
+        assert pod_json["cpu"]["usageNanoCores"] > 50_000_000
         assert {c["name"] for c in pod_json["containers"]} == {"burn", "grow"}
         assert "ephemeral-storage" in pod_json
         # containerd refreshes ImageFsInfo and snapshot usage in the background (every 10 s).
@@ -158,7 +160,7 @@ async def test_cpu_and_memory_figures_move_with_the_containers(
             build_resource_metrics(grown))}
         cpu = {s.labels["container"]: s.value
                for s in resource["container_cpu_usage_seconds"].samples}
-        assert cpu["burn"] > 0.3
+        assert cpu["burn"] > 0.05
         # The same sample through the stats blueprint, as a scraper sees it.
         view = NodeView(options=AgentOptions(config=KubeletConfiguration(), node_name=NODE),
                         store=stats.agent.store, client=None,  # type: ignore[arg-type]

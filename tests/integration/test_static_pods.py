@@ -94,9 +94,12 @@ async def test_restart_policy_on_exit(containerd, tmp_path, policy, code, restar
             await trio.sleep(3)  # long enough for a wrongful restart to show
             assert container(agent.pod("job"), "main").restart_count == 0
             assert len(cri_containers(containerd, pod.metadata.uid)) == 1
-            # A finished pod's sandbox is stopped, as the Go kubelet does.
-            sandboxes = cri_sandboxes(containerd, pod.metadata.uid)
-            assert all(s.state == api_pb2.SANDBOX_NOTREADY for s in sandboxes)
+            # A finished pod's sandbox is stopped, as the Go kubelet does (after the phase is
+            # reported, so poll for it).
+            with trio.fail_after(30):
+                while not all(s.state == api_pb2.SANDBOX_NOTREADY
+                              for s in cri_sandboxes(containerd, pod.metadata.uid)):
+                    await trio.sleep(0.2)
 
 
 async def test_crash_loop_backs_off(containerd, tmp_path):
@@ -315,11 +318,16 @@ async def test_malformed_manifest_changes_nothing_else(containerd, tmp_path, cap
               - {name: app, image: busybox:1.36}
             """,
         )
-        await trio.sleep(3)
+        # Both files are read and refused (each with a log line); then nothing else changed.
+        def both_refused() -> bool:
+            messages = [r.getMessage() for r in caplog.records]
+            return any("bad.yaml" in m for m in messages) and any(
+                "dup.yaml" in m and "duplicate container name" in m for m in messages)
+
+        with trio.fail_after(30):
+            while not both_refused():
+                await trio.sleep(0.2)
         assert agent.pod("bad") is None and agent.pod("dup") is None
         now = agent.pod("good")
         assert now is not None
         assert container(now, "main").container_id == container(good, "main").container_id
-        messages = [r.getMessage() for r in caplog.records]
-        assert any("bad.yaml" in m for m in messages)
-        assert any("dup.yaml" in m and "duplicate container name" in m for m in messages)
