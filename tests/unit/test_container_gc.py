@@ -87,9 +87,20 @@ def test_the_newest_dead_instance_of_an_existing_pod_survives_a_zero_limit() -> 
 
 
 def test_a_created_or_unknown_newest_instance_is_protected_too() -> None:
-    containers = [dead("c0", age=30), dead("c1", age=20, state=UNKNOWN),
+    containers = [dead("e0", age=40), dead("e1", age=30), dead("c1", age=20, state=UNKNOWN),
                   dead("c2", age=10, state=CREATED)]
-    assert ids(plan(containers, policy=GCPolicy(max_per_pod_container=0))) == ["c0", "c1"]
+    # c2 is the newest, e1 the newest exit: both stay.
+    assert ids(plan(containers, policy=GCPolicy(max_per_pod_container=0))) == ["e0", "c1"]
+
+
+def test_a_starting_instance_does_not_push_out_the_exit_before_it() -> None:
+    # The worker killed c0 for a changed spec and is starting c1: the runtime lists c1 as
+    # created. c0 is the restarted container's lastState; both stay.
+    containers = [dead("c0", age=1), dead("c1", age=0.5, state=CREATED)]
+    assert ids(plan(containers)) == []
+    older = [dead("old", age=60), *containers]
+    assert ids(plan(older)) == ["old"]
+    assert ids(plan(containers, existing=())) == ["c0", "c1"], "a gone pod keeps nothing"
 
 
 def test_creation_time_ties_are_broken_by_attempt() -> None:
@@ -248,6 +259,16 @@ policies = st.builds(GCPolicy, min_age=st.sampled_from([0.0, 30.0, 200.0]),
                      max_per_pod_container=st.integers(-1, 3), max_containers=st.integers(-1, 8))
 
 
+def newest_of(containers: Iterable[GCContainer]) -> dict[tuple[str, str], GCContainer]:
+    newest: dict[tuple[str, str], GCContainer] = {}
+    for c in containers:
+        best = newest.get((c.pod_uid, c.name))
+        if best is None or (c.created_at, c.attempt, c.id) > (
+                best.created_at, best.attempt, best.id):
+            newest[c.pod_uid, c.name] = c
+    return newest
+
+
 class Case:
     """One drawn input, its plan, and what stays."""
 
@@ -271,6 +292,13 @@ class Case:
     def evictable(self, c: GCContainer) -> bool:
         return (bool(c.pod_uid) and c.state is not RUNNING
                 and c.created_at <= NOW - self.policy.min_age)
+
+    def protected(self) -> set[str]:
+        """Per existing pod and container: the newest dead and the newest exited instance."""
+        owned = [c for c in self.containers
+                 if c.pod_uid and c.state is not RUNNING and not self.gone(c.pod_uid)]
+        exited = [c for c in owned if c.state is EXITED]
+        return {c.id for c in (*newest_of(owned).values(), *newest_of(exited).values())}
 
     def units(self, containers: Iterable[GCContainer]) -> dict[tuple[str, str], list[GCContainer]]:
         """Evictable dead containers of existing pods, per unit."""
@@ -299,29 +327,24 @@ def test_never_a_running_container_a_young_one_or_a_ready_or_used_sandbox(
 
 @PROPERTY_SETTINGS
 @given(st.data())
-def test_existing_pods_keep_their_newest_dead_instances(data: st.DataObject) -> None:
+def test_existing_pods_keep_their_newest_dead_and_exited_instances(data: st.DataObject) -> None:
     case = Case(data)
     policy = case.policy
-    newest_dead: dict[tuple[str, str], GCContainer] = {}
-    for c in case.containers:
-        if c.pod_uid and c.state is not RUNNING and not case.gone(c.pod_uid):
-            best = newest_dead.get((c.pod_uid, c.name))
-            if best is None or (c.created_at, c.attempt, c.id) > (
-                    best.created_at, best.attempt, best.id):
-                newest_dead[c.pod_uid, c.name] = c
+    protected = case.protected()
     kept_ids = {c.id for c in case.kept}
-    assert all(c.id in kept_ids for c in newest_dead.values()), "the newest dead one stays"
+    assert protected <= kept_ids, "the newest dead and the newest exited one stay"
     before, after = case.units(case.containers), case.units(case.kept)
     for unit, instances in after.items():
+        unprotected = [c for c in instances if c.id not in protected]
         if policy.max_per_pod_container >= 0:
-            assert len(instances) <= max(policy.max_per_pod_container, 1)
+            assert len(unprotected) <= policy.max_per_pod_container
         removed = [c for c in before[unit] if c.id not in kept_ids]
-        if removed:  # what went is older than everything that stayed
-            assert max(c.created_at for c in removed) <= min(c.created_at for c in instances)
+        if removed and unprotected:  # what went is older than what stayed for the limit
+            assert max(c.created_at for c in removed) <= min(c.created_at for c in unprotected)
     for unit, instances in before.items():
         if policy.max_per_pod_container >= 1 and policy.max_containers < 0:
             kept = len(after.get(unit, []))
-            assert kept == min(len(instances), policy.max_per_pod_container)
+            assert kept >= min(len(instances), policy.max_per_pod_container)
 
 
 @PROPERTY_SETTINGS
@@ -331,9 +354,10 @@ def test_the_node_limit_holds_when_enough_is_removable(data: st.DataObject) -> N
     if case.policy.max_containers < 0:
         return
     after = case.units(case.kept)
-    protected = sum(1 for instances in after.values() if instances)
+    protected = case.protected()
     total = sum(len(instances) for instances in after.values())
-    assert total <= max(case.policy.max_containers, protected)
+    kept_protected = sum(c.id in protected for instances in after.values() for c in instances)
+    assert total <= max(case.policy.max_containers, kept_protected)
 
 
 @PROPERTY_SETTINGS

@@ -7,12 +7,13 @@ instances stay (``kubectl logs --previous`` reads the newest); past
 ``max_containers`` in total, every unit is cut to an equal share and then the
 oldest go across the node. A container younger than ``min_age`` always stays.
 
-One rule is ours and stronger than Go's: while its pod exists, the newest dead
-instance of each container is never removed, whatever the limits say. The agent
+One rule is ours and stronger than Go's: while its pod exists, the newest exited
+instance of each container is never removed, whatever the limits say, and neither
+is its newest instance of all (a created one may be starting right now). The agent
 keeps no other record of a container's exit (the pod worker reads exit codes and
 restart counts from the runtime), so removing it would make a finished
 ``restartPolicy: Never`` container look never started, and the worker would run
-it again.
+it again, and a restarted container would lose its ``lastState``.
 """
 
 from __future__ import annotations
@@ -149,9 +150,16 @@ def _evict_units(
     gone: _Predicate,
 ) -> tuple[dict[_Unit, list[GCContainer]], set[str], int]:
     """The removable dead instances per unit (newest first), the ids no rule may remove
-    (each existing pod's newest dead instance per container) and the dead count."""
+    (each existing pod's newest dead and newest exited instance per container) and the
+    dead count.
+
+    The newest exited one besides the newest dead one: while the worker starts a new
+    instance, the runtime lists it as created (not running), and it must not push out
+    the exit the pod's status shows as ``lastState``.
+    """
     units: dict[_Unit, list[GCContainer]] = {}
     newest_dead: dict[_Unit, GCContainer] = {}
+    newest_exited: dict[_Unit, GCContainer] = {}
     newest_allowed = now - min_age
     dead = 0
     for c in containers:
@@ -160,14 +168,21 @@ def _evict_units(
         dead += 1
         unit = (c.pod_uid, c.name)
         if not gone(c.pod_uid):
-            best = newest_dead.get(unit)
-            if best is None or _NEWEST_FIRST(c) > _NEWEST_FIRST(best):
-                newest_dead[unit] = c
+            _keep_newest(newest_dead, unit, c)
+            if c.state is ContainerState.EXITED:
+                _keep_newest(newest_exited, unit, c)
         if c.created_at <= newest_allowed:
             units.setdefault(unit, []).append(c)
     for instances in units.values():
         instances.sort(key=_NEWEST_FIRST, reverse=True)
-    return units, {c.id for c in newest_dead.values()}, dead
+    protected = {c.id for c in newest_dead.values()} | {c.id for c in newest_exited.values()}
+    return units, protected, dead
+
+
+def _keep_newest(newest: dict[_Unit, GCContainer], unit: _Unit, c: GCContainer) -> None:
+    best = newest.get(unit)
+    if best is None or _NEWEST_FIRST(c) > _NEWEST_FIRST(best):
+        newest[unit] = c
 
 
 def _cut(
