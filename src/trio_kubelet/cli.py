@@ -667,9 +667,8 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "-v",
         dest="verbosity",
         type=_verbosity,
-        default=0,
         metavar="N",
-        help="log verbosity; 4 or more logs debug messages",
+        help="log verbosity; 4 or more logs debug messages (default: logging.verbosity, 0)",
     )
     record = parser.add_argument_group("recording")
     record.add_argument(

@@ -85,7 +85,7 @@ GO_ONLY_FIELDS = _words(
     iptablesMasqueradeBit iptablesDropBit failSwapOn memorySwap containerLogMaxWorkers
     containerLogMonitorInterval configMapAndSecretChangeDetectionStrategy reservedSystemCPUs
     showHiddenMetricsForVersion systemReservedCgroup kubeReservedCgroup
-    kernelMemcgNotification logging.flushFrequency logging.verbosity logging.options
+    kernelMemcgNotification logging.flushFrequency logging.options
     enableSystemLogHandler enableSystemLogQuery
     reservedMemory enableProfilingHandler enableDebugFlagsHandler seccompDefault
     memoryThrottlingFactor tracing
@@ -344,11 +344,12 @@ class KubeletAuthorization(_ConfigModel):
 
 
 class LoggingConfiguration(_ConfigModel):
-    """Go's ``logging`` block: its ``format`` is acted on; verbosity is ``--v``'s."""
+    """Go's ``logging`` block: ``format``, and ``verbosity`` unless ``--v`` is given."""
 
     go_zero_defaults: ClassVar[frozenset[str]] = frozenset({"format"})
 
     format: Literal["text", "json"] = "text"
+    verbosity: int = Field(default=0, ge=0)
 
 
 class CrashLoopBackOff(_ConfigModel):
@@ -1092,12 +1093,16 @@ def build_agent_options(
     cert_dir: Path | None = None,
     record: Path | None = None,
     record_max_bytes: int | None = None,
-    verbosity: int = 0,
+    verbosity: int | None = None,
     show_pods: bool = False,
     container_gc: GCPolicy | None = None,
 ) -> AgentOptions:
-    """Load and check everything; raises :class:`ConfigError` naming the field or flag."""
+    """Load and check everything; raises :class:`ConfigError` naming the field or flag.
+
+    ``verbosity`` is ``--v``'s; without it, the file's ``logging.verbosity`` holds."""
     config = load_config(config_file, overrides, config_dir)
+    if verbosity is None:
+        verbosity = config.logging.verbosity
     return AgentOptions(
         config=config,
         node_name=resolve_node_name(hostname_override),

@@ -118,6 +118,22 @@ def test_logging_format_from_the_flag_or_the_file_and_kubeadms_block_is_quiet(
         cli.parse_run_options(["--hostname-override=n", "--logging-format=xml"])
 
 
+def test_verbosity_from_the_file_unless_the_flag_is_given(tmp_path: Path) -> None:
+    config = tmp_path / "kubelet.yaml"
+    config.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+                      "logging: {verbosity: 4}\n")
+    base = ["--hostname-override=n", f"--config={config}"]
+    from_file = cli.parse_run_options(base)
+    assert (from_file.verbosity, from_file.log_level) == (4, logging.DEBUG)
+    from_flag = cli.parse_run_options([*base, "--v=2"])
+    assert (from_flag.verbosity, from_flag.log_level) == (2, logging.INFO)
+    assert cli.parse_run_options(["--hostname-override=n"]).verbosity == 0
+    config.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+                      "logging: {verbosity: -1}\n")
+    with pytest.raises(cli.ConfigError, match="logging.verbosity"):
+        cli.parse_run_options(base)
+
+
 def test_the_agent_logs_json_lines(tmp_path: Path) -> None:
     """Each line of the agent's log is a JSON object, its start as its failure (here: the
     kubelet port is taken, so it stops right after starting)."""
