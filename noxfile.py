@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -81,8 +82,10 @@ def py313(session: nox.Session) -> None:
     virtualenv under ~/.cache/trio-kubelet, so the tests run what a user's install gets.
     Needs `python3.13` on PATH or pyenv's 3.13. Arguments after `--` replace the paths.
     """
-    interpreter = shutil.which("python3.13") or max(
-        glob.glob(str(Path.home() / ".pyenv/versions/3.13*/bin/python3.13")), default=None)
+    # pyenv's own build first: its `python3.13` shim on PATH fails unless 3.13 is selected.
+    candidates = [*sorted(glob.glob(str(Path.home() / ".pyenv/versions/3.13*/bin/python3.13")),
+                          reverse=True), shutil.which("python3.13")]
+    interpreter = next((c for c in candidates if c and _runs(c)), None)
     if interpreter is None:
         session.error("no Python 3.13: install one (pyenv has 3.13.0 on these machines)")
     cache = Path(os.environ.get("TRIO_KUBELET_CACHE", Path.home() / ".cache/trio-kubelet"))
@@ -93,6 +96,10 @@ def py313(session: nox.Session) -> None:
                 f"{ROOT}[test]", external=True)
     session.run(str(python), "-m", "pytest", "-q", *(session.posargs or PY313_TESTS),
                 external=True)
+
+
+def _runs(interpreter: str) -> bool:
+    return subprocess.run([interpreter, "-c", ""], capture_output=True).returncode == 0
 
 
 @nox.session
