@@ -130,7 +130,7 @@ def test_verbosity_from_the_file_unless_the_flag_is_given(tmp_path: Path) -> Non
     assert cli.parse_run_options(["--hostname-override=n"]).verbosity == 0
     config.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
                       "logging: {verbosity: -1}\n")
-    with pytest.raises(cli.ConfigError, match="logging.verbosity"):
+    with pytest.raises(cli.ConfigError, match=r"logging\.verbosity"):
         cli.parse_run_options(base)
 
 
